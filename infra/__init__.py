@@ -1,0 +1,1 @@
+"""scaletrain infrastructure: the CDK app and the instance catalog."""

@@ -1,0 +1,1 @@
+"""scaletrain launcher: the `launch` CLI."""

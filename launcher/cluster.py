@@ -1,0 +1,115 @@
+"""The one Cluster interface both backends (local sshd processes, an AWS stack) present to the launcher.
+
+A cluster is saved as `<state root>/clusters/<name>/cluster.json`; every command after `up` or discovery
+reads it from there. Nothing else in the launcher asks which backend a cluster came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from launcher.errors import LaunchError
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str                                # also its Host alias in the cluster's ssh_config
+    address: str                             # private address
+    port: int = 22                           # SSH port (local nodes: one loopback port each)
+    role: Literal["worker", "reducer"]
+    slots: int                               # training ranks on this node (GPUs; 1 per local node)
+    cpus: int                                # cores this node may use (local nodes share the machine's)
+    workdir: str                             # the node's own working directory
+    gpus: int = 0
+
+
+class Cluster(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    backend: Literal["local", "aws"]
+    nodes: list[Node]
+    user: str
+    ssh_config: str                          # used by the launcher (fabric) and by mpirun on the nodes
+    known_hosts: str                         # host keys pinned when the cluster was created
+    python: str                              # interpreter on the nodes, with scaletrain installed
+    mpi_interface: str | None = None         # network interface for MPI's own traffic (local: lo)
+    instance_type: str | None = None         # catalog name for AWS nodes; None on the local cluster
+    processes: dict[str, int] = {}           # local backend: node name -> sshd pid it started
+
+    @property
+    def workers(self) -> list[Node]:
+        return [n for n in self.nodes if n.role == "worker"]
+
+    @property
+    def reducers(self) -> list[Node]:
+        return [n for n in self.nodes if n.role == "reducer"]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise LaunchError(f"no node '{name}' in cluster '{self.name}'; nodes: {', '.join(self.names())}")
+
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    def select_workers(self, count: int | None) -> list[Node]:
+        """The first `count` workers (all when None)."""
+        workers = self.workers
+        if count is None:
+            return workers
+        if count < 1:
+            raise LaunchError(f"--nodes must be >= 1, got {count}")
+        if count > len(workers):
+            raise LaunchError(f"--nodes {count} is more than the {len(workers)} worker node(s) of cluster "
+                              f"'{self.name}'; use --nodes 1..{len(workers)} or bring up a larger cluster")
+        return workers[:count]
+
+
+def state_root() -> Path:
+    """Where clusters are remembered: $SCALETRAIN_HOME, else ~/.scaletrain."""
+    return Path(os.environ.get("SCALETRAIN_HOME") or Path.home() / ".scaletrain")
+
+
+def cluster_dir(name: str) -> Path:
+    return state_root() / "clusters" / name
+
+
+def save(cluster: Cluster) -> None:
+    path = cluster_dir(cluster.name) / "cluster.json"
+    tmp = path.with_name(".cluster.json.tmp")
+    tmp.write_text(cluster.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def known_names() -> list[str]:
+    root = state_root() / "clusters"
+    return sorted(p.parent.name for p in root.glob("*/cluster.json")) if root.is_dir() else []
+
+
+def load(name: str | None) -> Cluster:
+    """The named cluster, or the only one there is when no name is given."""
+    names = known_names()
+    if name is None:
+        if not names:
+            raise LaunchError("no cluster is up; start one with `launch local up --nodes 2` "
+                              "(or deploy one with `npx cdk deploy`)")
+        if len(names) > 1:
+            raise LaunchError(f"several clusters exist ({', '.join(names)}); choose one with --cluster NAME")
+        name = names[0]
+    path = cluster_dir(name) / "cluster.json"
+    if not path.is_file():
+        known = ", ".join(names) or "none"
+        raise LaunchError(f"unknown cluster '{name}'; known clusters: {known}")
+    try:
+        return Cluster.model_validate(json.loads(path.read_text()))
+    except (ValueError, json.JSONDecodeError) as e:
+        raise LaunchError(f"{path} is damaged ({str(e).splitlines()[0]}); remove it with "
+                          f"`launch local down --cluster {name}`") from None

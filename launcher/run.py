@@ -1,0 +1,103 @@
+"""`launch train`: plan on the launcher, execute on the first node, report, and tear down when asked.
+
+Backend-agnostic: every step goes through the Cluster and launcher.remote, so the same code drives the
+local cluster and an AWS one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import plan, remote
+from launcher.cluster import Cluster, Node
+from launcher.errors import LaunchError
+
+# Data made when `launch train` gets no --data: a small ILSVRC-layout set, converted to shards.
+SAMPLE_CLASSES = 10
+SAMPLE_PER_CLASS = 100
+SAMPLE_VAL_PER_CLASS = 20
+
+
+def sample_shard_size(samples: int, ranks: int, shards_per_rank: int = 4) -> int:
+    """Shard size that gives every rank several shards of the sample set."""
+    return max(1, math.ceil(samples / (ranks * shards_per_rank)))
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    output: str
+    data: str
+    summary: dict | None
+    metrics: list[dict]
+
+
+def _on_first(cluster: Cluster, node: Node, command: str, what: str) -> str:
+    code, out = remote.check(cluster, node, command)
+    if code != 0:
+        raise LaunchError(f"{what} failed on {node.name} (exit {code})")
+    return out
+
+
+def prepare_sample_data(cluster: Cluster, node: Node, output: str, ranks: int) -> str:
+    """Make sample data and convert it on the first node (shared storage makes it visible to all)."""
+    raw, shards = f"{output}/sample-ilsvrc", f"{output}/shards"
+    launch = f"{shlex.quote(cluster.python)} -m launcher"
+    size = sample_shard_size(SAMPLE_CLASSES * SAMPLE_PER_CLASS, ranks)
+    for what, cmd in (
+        ("making sample data", f"{launch} data sample --out {shlex.quote(raw)} --classes {SAMPLE_CLASSES} "
+                               f"--per-class {SAMPLE_PER_CLASS} --val-per-class {SAMPLE_VAL_PER_CLASS}"),
+        ("converting sample data", f"{launch} data convert {shlex.quote(raw)} --out {shlex.quote(shards)} "
+                                   f"--shard-size {size}"),
+    ):
+        print(f"[{node.name}] {what}", flush=True)
+        code, _ = remote.stream(cluster, node, cmd)
+        if code != 0:
+            raise LaunchError(f"{what} failed on {node.name} (exit {code})")
+    return shards
+
+
+def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_data: bool) -> RunResult:
+    first = nodes[0]
+    out = shlex.quote(spec.output)
+    _on_first(cluster, first, f"mkdir -p {out}", "creating the output directory")
+    if make_data:
+        spec = spec.model_copy(update={"data": prepare_sample_data(cluster, first, spec.output,
+                                                                   sum(n.slots for n in nodes))})
+    else:
+        code, _ = remote.check(cluster, first, f"test -f {shlex.quote(spec.data)}/manifest.json")
+        if code != 0:
+            raise LaunchError(f"no manifest.json in {spec.data} on {first.name}; make shards with "
+                              f"`launch data convert SRC --out {spec.data}` or leave out --data")
+
+    hostfile_path = f"{spec.output}/hostfile"
+    _on_first(cluster, first, f"printf %s {shlex.quote(plan.hostfile(nodes))} > {shlex.quote(hostfile_path)}",
+              "writing the hostfile")
+    argv = plan.mpirun_argv(cluster, nodes, spec, hostfile_path)
+    print(f"[launch] {len(nodes)} node(s), {sum(n.slots for n in nodes)} rank(s): {plan.command_line(argv)}",
+          flush=True)
+    code, _ = remote.stream(cluster, first, plan.command_line(argv))
+
+    summary, metrics = None, []
+    rc, text = remote.check(cluster, first, f"cat {out}/summary.json 2>/dev/null")
+    if rc == 0 and text.strip():
+        summary = json.loads(text)
+    rc, text = remote.check(cluster, first, f"cat {out}/metrics.jsonl 2>/dev/null")
+    if rc == 0:
+        metrics = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return RunResult(code, spec.output, spec.data, summary, metrics)
+
+
+def data_size(cluster: Cluster, node: Node, data: str) -> int:
+    """Training samples in the shards' manifest."""
+    _, text = remote.check(cluster, node, f"cat {shlex.quote(data)}/manifest.json")
+    manifest = json.loads(text)
+    return sum(s["count"] for s in manifest["shards"] if s["split"] == "train")
+
+
+def local_output(path: str | None, stamp: str) -> str:
+    return str(Path(path or f"runs/{stamp}").expanduser().resolve())

@@ -1,0 +1,88 @@
+"""Pure plans against golden files: hostfile, mpirun argv, ssh_config, sshd_config, known_hosts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from golden import assert_golden
+
+from launcher import plan, render
+from launcher.cluster import Cluster, Node
+from launcher.errors import LaunchError
+from launcher.local import cpus_per_node, node_names
+
+
+def local_cluster(n: int, user: str = "root", reducers: int = 0) -> Cluster:
+    roles = node_names(n, reducers)
+    cpus = cpus_per_node(16, len(roles))
+    nodes = [Node(name=name, address="127.0.0.1", port=42000 + i, role=role, slots=1, cpus=cpus,
+                  workdir=f"/state/clusters/local/nodes/{name}/work") for i, (name, role) in enumerate(roles)]
+    return Cluster(name="local", backend="local", nodes=nodes, user=user,
+                   ssh_config="/state/clusters/local/ssh_config", known_hosts="/state/clusters/local/known_hosts",
+                   python="/opt/scaletrain/.venv/bin/python", mpi_interface="lo")
+
+
+SPEC = plan.TrainSpec(data="/data/shards", output="/runs/r1", model="resnet18", image_size=32, epochs=3,
+                      batch_per_gpu=32, warmup_epochs=1, workers=1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 16])
+def test_hostfile(n):
+    c = local_cluster(n)
+    assert_golden(f"hostfile-local-{n}.txt", plan.hostfile(c.select_workers(n)))
+
+
+@pytest.mark.parametrize("n", [1, 2, 16])
+def test_mpirun_argv(n):
+    c = local_cluster(n)
+    argv = plan.mpirun_argv(c, c.select_workers(n), SPEC, "/runs/r1/hostfile")
+    assert_golden(f"mpirun-local-{n}.json", json.dumps(argv, indent=1) + "\n")
+    assert argv[argv.index("-np") + 1] == str(n)
+
+
+def test_mpirun_as_ordinary_user_has_no_root_flag():
+    c = local_cluster(2, user="ubuntu")
+    argv = plan.mpirun_argv(c, c.workers, SPEC, "/runs/r1/hostfile")
+    assert "--allow-run-as-root" not in argv
+    assert "--allow-run-as-root" in plan.mpirun_argv(local_cluster(2), c.workers, SPEC, "/h")
+
+
+def test_threads_share_the_machine():
+    # 16 cores over 16 local nodes: one thread per rank; over 2 nodes: 8.
+    assert plan.rank_env(local_cluster(16), local_cluster(16).workers)["OMP_NUM_THREADS"] == "1"
+    assert plan.rank_env(local_cluster(2), local_cluster(2).workers)["OMP_NUM_THREADS"] == "8"
+
+
+def test_resume_and_extra_args_reach_the_trainer():
+    spec = SPEC.model_copy(update={"resume": True, "extra_args": ("--seed", "3")})
+    argv = plan.trainer_argv("python", spec)
+    assert argv[-3:] == ["--resume", "--seed", "3"]
+
+
+def test_select_workers_bounds():
+    c = local_cluster(2, reducers=1)
+    assert [n.name for n in c.select_workers(None)] == ["node0", "node1"]
+    with pytest.raises(LaunchError, match=r"--nodes 3 is more than the 2 worker node\(s\)"):
+        c.select_workers(3)
+    with pytest.raises(LaunchError, match="--nodes must be >= 1"):
+        c.select_workers(0)
+
+
+def test_ssh_config():
+    text = render.ssh_config("local", [("node0", "127.0.0.1", 42000), ("node1", "127.0.0.1", 42001)],
+                             user="root", identity_file="/state/id_ed25519", known_hosts="/state/known_hosts")
+    assert_golden("ssh_config-local-2.txt", text)
+    assert "StrictHostKeyChecking yes" in text and "StrictHostKeyChecking no" not in text
+
+
+def test_sshd_config():
+    text = render.sshd_config("local", "node0", port=42000, host_key="/s/hk", pid_file="/s/pid",
+                              authorized_keys="/s/authorized_keys", user="root", workdir="/s/work")
+    assert_golden("sshd_config-node0.txt", text)
+    assert "ListenAddress 127.0.0.1" in text and "PasswordAuthentication no" in text
+
+
+def test_known_hosts_uses_bracketed_port_form():
+    text = render.known_hosts([("127.0.0.1", 42000, "ssh-ed25519 AAAAkey host\n"), ("10.0.0.5", 22, "ssh-ed25519 B")])
+    assert text == "[127.0.0.1]:42000 ssh-ed25519 AAAAkey host\n10.0.0.5 ssh-ed25519 B\n"

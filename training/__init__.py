@@ -1,0 +1,1 @@
+"""scaletrain training code: runs on the nodes."""
