@@ -152,8 +152,10 @@ def data_convert(src: Path = typer.Argument(..., help="ILSVRC2012 root with trai
         err.print(f"  rejected {r['path']}: {r['reason']}", markup=False, highlight=False)
 
 
-@app.command("train")
-def train(cluster: str = ClusterOpt,
+@app.command("train", context_settings={"allow_interspersed_args": False})
+def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer options after --, e.g. "
+                                                             "-- --label-smoothing 0.1 (python -m training.train --help)."),
+          cluster: str = ClusterOpt,
           nodes: int = typer.Option(None, "--nodes", help="Worker nodes to use; default all."),
           data: str = typer.Option(None, "--data", help="Shards directory (as the nodes see it); "
                                                        "default: make sample data and convert it."),
@@ -184,7 +186,7 @@ def train(cluster: str = ClusterOpt,
         data_path = str(Path(data).expanduser().resolve()) if data else ""
         spec = plan.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
                               batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
-                              resume=resume)
+                              resume=resume, extra_args=tuple(trainer_args or ()))
         result = run.train(c, chosen, spec, make_data=not data)
         if result.exit_code != 0:
             raise LaunchError(f"training failed: mpirun on {chosen[0].name} exited {result.exit_code} "

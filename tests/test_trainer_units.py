@@ -1,0 +1,96 @@
+"""The trainer's pure parts on the CPU: schedule, model, accuracy, transforms, rank split."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from training.loader import rank_shards, steps_per_epoch
+from training.model import Bottleneck, build_model, flops_per_image
+from training.schedule import lr_at, peak_lr, schedule_by_epoch
+from training.train import accuracy_counts, parse_args
+from training.transforms import center_crop_box, random_resized_crop_box
+
+
+def test_seed_000_schedule_at_64_gpus_x_256():
+    steps, epochs, peak = 78, 90, peak_lr(64 * 256)
+    assert peak == pytest.approx(6.4)
+    assert lr_at(0, steps, epochs, peak) == pytest.approx(0.001)          # warmup start
+    assert lr_at(10 * steps, steps, epochs, peak) == pytest.approx(6.4)   # end of warmup = peak
+    assert lr_at(50 * steps, steps, epochs, peak) == pytest.approx(6.4 * (1 - 40 / 80) ** 2)  # poly, power 2
+    assert lr_at(90 * steps, steps, epochs, peak) == pytest.approx(0.0)
+    # per-step, not per-epoch: halfway through warmup epoch 5 the LR is between its neighbours
+    assert lr_at(5 * steps, steps, epochs, peak) < lr_at(5 * steps + 39, steps, epochs, peak) < lr_at(
+        6 * steps, steps, epochs, peak)
+
+
+def test_schedule_by_epoch_covers_epoch_0_to_last():
+    sched = schedule_by_epoch(10, 90, 6.4)
+    assert [e for e, _ in sched] == list(range(91))
+    assert sched[0][1] == pytest.approx(0.001) and sched[-1][1] == pytest.approx(0.0)
+
+
+def test_cosine_and_unknown_decay():
+    assert lr_at(10, 10, 2, 1.0, warmup_epochs=1, decay="cosine") == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="choose one of: poly, cosine"):
+        lr_at(15, 10, 2, 1.0, warmup_epochs=1, decay="step")
+
+
+@pytest.mark.parametrize("name,params", [("resnet18", 11_689_512), ("resnet50", 25_557_032)])
+def test_parameter_counts_match_torchvision(name, params):
+    assert sum(p.numel() for p in build_model(name, 1000).parameters()) == params
+
+
+def test_resnet50_is_v1_5_and_zero_gamma():
+    m = build_model("resnet50", 10)
+    block = m.layer2[0]
+    assert isinstance(block, Bottleneck)
+    assert block.conv1.stride == (1, 1) and block.conv2.stride == (2, 2)  # v1.5: stride on the 3x3
+    assert all(float(b.bn3.weight.detach().abs().sum()) == 0 for layer in (m.layer1, m.layer4) for b in layer)
+    assert float(build_model("resnet50", 10, zero_init_residual=False).layer1[0].bn3.weight.detach().sum()) > 0
+
+
+def test_model_runs_at_small_sizes_and_rejects_unknown():
+    assert build_model("resnet18", 7)(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
+    with pytest.raises(ValueError, match="unknown model 'vgg'; choose one of: resnet18"):
+        build_model("vgg", 10)
+
+
+def test_flops_per_image():
+    assert flops_per_image("resnet50", 224) == pytest.approx(4.09e9, rel=0.02)  # the usual 4.1 GMACs
+    assert flops_per_image("resnet18", 224) == pytest.approx(1.82e9, rel=0.02)
+    assert flops_per_image("resnet18", 32) < flops_per_image("resnet18", 224) / 40
+
+
+def test_accuracy_counts():
+    logits = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.1, 0.2], [0.3, 0.2, 0.5]])
+    assert accuracy_counts(logits, torch.tensor([1, 2, 0]), ks=(1, 2)) == [1, 3]
+
+
+def test_crop_boxes_stay_inside_and_are_seeded():
+    for w, h in [(500, 375), (60, 400), (32, 32)]:
+        a = [random_resized_crop_box(w, h, random.Random(s)) for s in range(50)]
+        assert a == [random_resized_crop_box(w, h, random.Random(s)) for s in range(50)]
+        for left, top, cw, ch in a:
+            assert 0 <= left and 0 <= top and left + cw <= w and top + ch <= h and cw > 0 and ch > 0
+    (rw, rh), box = center_crop_box(500, 375, 224)
+    assert rh == 256 and box == ((rw - 224) // 2, 16, (rw - 224) // 2 + 224, 240)
+
+
+def test_rank_split_and_equal_steps():
+    shards = [{"name": f"train-{i:06d}.tar", "count": c} for i, c in enumerate([10, 10, 10, 4])]
+    assert [s["name"] for s in rank_shards(shards, 1, 2)] == ["train-000001.tar", "train-000003.tar"]
+    # rank 0 holds 20 samples, rank 1 holds 14: both run 14 // 4 = 3 steps
+    assert steps_per_epoch(shards, 2, 4) == 3
+    covered = sorted(s["name"] for r in range(3) for s in rank_shards(shards, r, 3))
+    assert covered == sorted(s["name"] for s in shards)
+
+
+def test_trainer_rejects_bad_options(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "d", "--output", "o", "--model", "vgg"])
+    assert "invalid choice: 'vgg'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "d", "--output", "o", "--epochs", "0"])
