@@ -216,7 +216,7 @@ def _report(c: clusters.Cluster, chosen, spec: plan.TrainSpec, result: run.RunRe
         table.add_column(col, justify="right" if col not in ("instance", "price as of") else "left")
     for e in costmodel.compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload):
         table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", f"{e.scaling_efficiency:.0%}",
-                      f"{e.time_to_train_s / 60:.1f} min", f"{e.cost_usd:,.2f}", e.price_date)
+                      f"{e.time_to_train_s / 60:.1f} min", f"{e.cost_usd:,.2f}", str(e.price_date))
     console.print(table)
     console.print("time includes fixed start-up (provisioning, staging); see `launch cost` for the model.")
 

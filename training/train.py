@@ -209,7 +209,7 @@ def train(cfg: Config) -> dict:
             y = labels.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 loss = F.cross_entropy(model(x), y, label_smoothing=cfg.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             scaler.scale(loss).backward()
             if scaler.is_enabled():
                 # Horovod: finish the allreduce before unscaling, so the scaler sees reduced gradients.
