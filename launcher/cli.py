@@ -153,8 +153,9 @@ def data_convert(src: Path = typer.Argument(..., help="ILSVRC2012 root with trai
 
 
 @app.command("train", context_settings={"allow_interspersed_args": False})
-def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer options after --, e.g. "
-                                                             "-- --label-smoothing 0.1 (python -m training.train --help)."),
+def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer options after --, e.g. -- "
+                                                             "--label-smoothing 0.1 (see python -m training.train "
+                                                             "--help)."),
           cluster: str = ClusterOpt,
           nodes: int = typer.Option(None, "--nodes", help="Worker nodes to use; default all."),
           data: str = typer.Option(None, "--data", help="Shards directory (as the nodes see it); "
@@ -199,7 +200,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
 
 def _report(c: clusters.Cluster, chosen, spec: plan.TrainSpec, result: run.RunResult) -> None:
     from launcher import costmodel
-    from training.model import flops_per_image
+    from training.model import flops_per_image, parameter_count
 
     s = result.summary or {}
     top1 = "n/a" if s.get("top1") is None else f"{s['top1']:.1%}"
@@ -210,15 +211,17 @@ def _report(c: clusters.Cluster, chosen, spec: plan.TrainSpec, result: run.RunRe
     console.print(f"metrics: {result.output}/metrics.jsonl   checkpoints: {result.output}/checkpoint-epoch*.pt")
     images = run.data_size(c, chosen[0], result.data)
     ratio = flops_per_image(spec.model, spec.image_size) / flops_per_image("resnet50", 224)
-    workload = costmodel.Workload(images_per_epoch=images, epochs=spec.epochs, flops_ratio=ratio)
+    workload = costmodel.Workload(images_per_epoch=images, epochs=spec.epochs, flops_ratio=ratio,
+                                  param_count=parameter_count(spec.model, s.get("classes", 1000)))
     table = Table(title=f"the same run on AWS ({len(chosen)} node(s), {images} images x {spec.epochs} epochs)")
-    for col in ("instance", "img/s", "scaling", "time", "cost (USD)", "price as of"):
-        table.add_column(col, justify="right" if col not in ("instance", "price as of") else "left")
-    for e in costmodel.compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload):
-        table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", f"{e.scaling_efficiency:.0%}",
+    for col in ("instance", "img/s", "bound by", "time", "cost (USD)", "price as of"):
+        table.add_column(col, justify="left" if col in ("instance", "bound by", "price as of") else "right")
+    for e in costmodel.compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload,
+                               batch_per_gpu=spec.batch_per_gpu):
+        table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", e.bottleneck,
                       f"{e.time_to_train_s / 60:.1f} min", f"{e.cost_usd:,.2f}", str(e.price_date))
     console.print(table)
-    console.print("time includes fixed start-up (provisioning, staging); see `launch cost` for the model.")
+    console.print("us-east-1 on-demand prices; time includes a fixed start-up (provisioning, data staging).")
 
 
 def _teardown(c: clusters.Cluster) -> None:

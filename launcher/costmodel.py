@@ -72,6 +72,11 @@ class ModelConstants(BaseModel):
     # 2018 stack (Horovod 0.13, 64 MB fusion buffer, 5 ms cycle) issued most traffic late, and it
     # absorbs what the model does not itemise (stragglers, input pipeline, negotiation).
     overlap_fraction: float = Field(0.20, ge=0, le=1)
+    # The CPU ceiling: images/s one vCPU decodes and augments (JPEG decode + RandomResizedCrop + flip of an
+    # ImageNet-size image with PIL). 250 is an assumption until bench/loader.py measures this project's
+    # loader; it binds only for models far cheaper than ResNet-50 at 224 px (p3.16xlarge: 64 vCPUs x 250
+    # = 16k img/s per node against the ~5k its GPUs need).
+    loader_img_per_sec_per_vcpu: float = Field(250.0, gt=0)
 
 
 DEFAULT_CONSTANTS = ModelConstants()
@@ -98,6 +103,7 @@ class Estimate(BaseModel):
     step_time_s: float
     images_per_sec: float
     scaling_efficiency: float
+    bottleneck: str = Field(description="what bounds the step: GPU compute, communication or data loading (CPU)")
     time_to_train_s: float
     price_usd_per_hour: float
     price_date: dt.date
@@ -170,7 +176,12 @@ def estimate(
     exposed_s = max(0.0, comm_s - c.overlap_fraction * backward_s)
 
     step_s = compute_s + exposed_s
+    loader_ceiling = nodes * instance.vcpus * c.loader_img_per_sec_per_vcpu
     images_per_sec = total_gpus * batch_per_gpu / step_s
+    bottleneck = "communication" if exposed_s > compute_s else "GPU compute"
+    if images_per_sec > loader_ceiling:
+        images_per_sec, step_s, bottleneck = loader_ceiling, total_gpus * batch_per_gpu / loader_ceiling, \
+            "data loading (CPU)"
     efficiency = images_per_sec / (total_gpus * per_gpu)
     train_s = workload.epochs * workload.images_per_epoch / images_per_sec
     time_to_train_s = train_s + fixed_overhead_s
@@ -188,6 +199,8 @@ def estimate(
         f"{alpha * 1e6:g} us per hop",
         f"backward = {c.backward_share:.2f} of compute; communication hides behind at most "
         f"{c.overlap_fraction:.0%} of backward",
+        f"data loading at most {c.loader_img_per_sec_per_vcpu:g} img/s per vCPU x {instance.vcpus} vCPUs "
+        f"per node; bound by {bottleneck}",
         f"fixed overhead {fixed_overhead_s:g} s per run",
         f"us-east-1 Linux on-demand ${instance.price_usd_per_hour:g}/h as of {instance.price_date}",
     ]
@@ -206,6 +219,7 @@ def estimate(
         step_time_s=step_s,
         images_per_sec=images_per_sec,
         scaling_efficiency=efficiency,
+        bottleneck=bottleneck,
         time_to_train_s=time_to_train_s,
         price_usd_per_hour=instance.price_usd_per_hour,
         price_date=instance.price_date,

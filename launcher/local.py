@@ -7,6 +7,7 @@ connection ever accepts an unknown key). `down` stops exactly the processes `up`
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -96,10 +97,8 @@ def _stop_pids(pids: dict[str, int], directory: Path, timeout: float = 5.0) -> N
             time.sleep(0.05)
         if _alive(pid, _sshd_marker(directory, node)):
             os.kill(pid, signal.SIGKILL)
-        try:  # reap it if it is our child (same process that started it)
+        with contextlib.suppress(ChildProcessError):  # reap it when this process started it
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
 
 
 def _keygen(path: Path, comment: str) -> str:

@@ -85,7 +85,9 @@ def test_flops_ratio_scales_per_gpu_throughput():
 def test_resnet18_at_32px_example_ratio_is_fast():
     cifar = Workload(images_per_epoch=50_000, epochs=1, flops_ratio=0.0099, param_count=11_689_512)
     result = estimate(get("p3.2xlarge"), 1, cifar)
-    assert result.images_per_sec == pytest.approx(712 / 0.0099)
+    assert result.gpu_images_per_sec == pytest.approx(712 / 0.0099)
+    # The GPU could do 72k img/s; p3.2xlarge's 8 vCPUs cannot decode that many.
+    assert result.images_per_sec == pytest.approx(8 * 250)
 
 
 def test_gpu_throughput_override_replaces_the_catalog_figure():
@@ -193,3 +195,16 @@ def test_hand_check_uses_the_default_constants():
     assert (c.network_efficiency_tcp, c.network_latency_tcp_s) == (0.70, 30e-6)
     assert (c.interconnect_efficiency, c.interconnect_latency_s) == (0.70, 5e-6)
     assert (c.backward_share, c.overlap_fraction) == (pytest.approx(2 / 3), 0.20)
+
+
+def test_cpu_loader_ceiling_binds_for_tiny_models():
+    """ResNet-18 at 32 px needs ~1% of ResNet-50's compute: the CPUs, not the GPUs, set the pace."""
+    from infra.catalog import get
+    from launcher.costmodel import DEFAULT_CONSTANTS, Workload, estimate
+
+    tiny = estimate(get("p4d.24xlarge"), 2, Workload(images_per_epoch=1000, epochs=1, flops_ratio=0.01,
+                                                   param_count=11_689_512))
+    ceiling = 2 * get("p4d.24xlarge").vcpus * DEFAULT_CONSTANTS.loader_img_per_sec_per_vcpu
+    assert tiny.images_per_sec == ceiling and tiny.bottleneck == "data loading (CPU)"
+    full = estimate(get("p3.16xlarge"), 8, Workload(images_per_epoch=1_281_167, epochs=90))
+    assert full.bottleneck != "data loading (CPU)"

@@ -74,7 +74,7 @@ def test_crop_boxes_stay_inside_and_are_seeded():
         a = [random_resized_crop_box(w, h, random.Random(s)) for s in range(50)]
         assert a == [random_resized_crop_box(w, h, random.Random(s)) for s in range(50)]
         for left, top, cw, ch in a:
-            assert 0 <= left and 0 <= top and left + cw <= w and top + ch <= h and cw > 0 and ch > 0
+            assert left >= 0 and top >= 0 and left + cw <= w and top + ch <= h and cw > 0 and ch > 0
     (rw, rh), box = center_crop_box(500, 375, 224)
     assert rh == 256 and box == ((rw - 224) // 2, 16, (rw - 224) // 2 + 224, 240)
 

@@ -7,7 +7,6 @@ Training: a seeded shuffle buffer, RandomResizedCrop + flip. Validation: every s
 
 from __future__ import annotations
 
-import json
 import random
 import tarfile
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from training import convert
 from training.transforms import train_transform, val_transform
 
 
@@ -25,13 +25,11 @@ class DataError(ValueError):
 
 
 def load_manifest(data: Path) -> dict:
-    path = data / "manifest.json"
-    if not path.is_file():
-        raise DataError(f"no manifest.json in {data}; make shards with `launch data convert SRC --out {data}`")
+    """The shards' manifest.json, checked (training.convert owns the format)."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        return convert.load_manifest(data)
+    except ValueError as e:
+        raise DataError(str(e)) from None
 
 
 def shards_of(manifest: dict, split: str) -> list[dict]:

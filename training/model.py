@@ -155,3 +155,8 @@ def flops_per_image(name: str, image_size: int, num_classes: int = 1000) -> floa
                 macs += so * so * cin * width * expansion
             cin, s = width * expansion, so
     return float(macs + cin * num_classes)
+
+
+def parameter_count(name: str, num_classes: int = 1000) -> int:
+    """Trainable parameters: the gradient a step must allreduce."""
+    return sum(p.numel() for p in build_model(name, num_classes).parameters())

@@ -250,7 +250,8 @@ def train(cfg: Config) -> dict:
 
     top1, top5, val_count = validate(model, data, val_shards, cfg, device, memory_format, hvd)
     elapsed = time.perf_counter() - run_start
-    summary = {"model": cfg.model, "ranks": world, "epochs": cfg.epochs, "steps_per_epoch": steps,
+    summary = {"model": cfg.model, "classes": num_classes, "ranks": world, "epochs": cfg.epochs,
+               "steps_per_epoch": steps,
                "global_batch": global_batch, "top1": top1, "top5": top5, "val_samples": val_count,
                "train_images": images_seen, "images_per_sec": images_seen / elapsed if images_seen else 0.0,
                "time_s": elapsed, "precision": precision, "device": device.type}
