@@ -214,14 +214,17 @@ def _report(c: clusters.Cluster, chosen, spec: plan.TrainSpec, result: run.RunRe
     workload = costmodel.Workload(images_per_epoch=images, epochs=spec.epochs, flops_ratio=ratio,
                                   param_count=parameter_count(spec.model, s.get("classes", 1000)))
     table = Table(title=f"the same run on AWS ({len(chosen)} node(s), {images} images x {spec.epochs} epochs)")
-    for col in ("instance", "img/s", "bound by", "time", "cost (USD)", "price as of"):
-        table.add_column(col, justify="left" if col in ("instance", "bound by", "price as of") else "right")
-    for e in costmodel.compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload,
-                               batch_per_gpu=spec.batch_per_gpu):
-        table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", e.bottleneck,
-                      f"{e.time_to_train_s / 60:.1f} min", f"{e.cost_usd:,.2f}", str(e.price_date))
+    for col in ("instance", "img/s", "bound by", "time", "cost (USD)"):
+        table.add_column(col, justify="left" if col in ("instance", "bound by") else "right", no_wrap=True)
+    estimates = costmodel.compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload,
+                                  batch_per_gpu=spec.batch_per_gpu)
+    for e in estimates:
+        table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", e.bottleneck, f"{e.time_to_train_s / 60:.1f} min",
+                      f"{e.cost_usd:,.2f}")
     console.print(table)
-    console.print("us-east-1 on-demand prices; time includes a fixed start-up (provisioning, data staging).")
+    dates = ", ".join(f"{e.instance_type} {e.price_date}" for e in estimates)
+    console.print(f"us-east-1 on-demand prices as of {dates}; time includes a fixed start-up "
+                  f"(provisioning, data staging).")
 
 
 def _teardown(c: clusters.Cluster) -> None:

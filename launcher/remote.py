@@ -94,7 +94,7 @@ class PrefixWriter:
 
     def write(self, text: str) -> int:
         with self.lock:
-            self.buf += text.replace("\r\n", "\n").replace("\r", "\n")
+            self.buf += text.replace("\r", "")  # a pty ends lines with \r\n, possibly split across writes
             while "\n" in self.buf:
                 line, self.buf = self.buf.split("\n", 1)
                 self.lines.append(line)
@@ -111,16 +111,17 @@ class PrefixWriter:
             self.target.flush()
 
 
-def stream(cluster: Cluster, node: Node, command: str) -> tuple[int, list[str]]:
+def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True) -> tuple[int, list[str]]:
     """Run `command` on one node, printing its output prefixed by the node as it comes.
 
-    A pty ties the remote process to the session: if the launcher dies or is interrupted, the remote
-    side gets SIGHUP and mpirun takes its ranks down with it.
+    A pty (the default) ties the remote process to the session: if the launcher dies or is interrupted,
+    the remote side gets SIGHUP and mpirun takes its ranks down with it. Without one, remote progress
+    bars stay off and only their result lines come back.
     """
     conn = connect(cluster, node)
     writer = PrefixWriter(node.name)
     try:
-        res = conn.run(in_workdir(node, command), pty=True, warn=True, hide=False, out_stream=writer,
+        res = conn.run(in_workdir(node, command), pty=pty, warn=True, hide=False, out_stream=writer,
                        in_stream=False)
     except Exception as e:  # connection refused, auth failure, host key rejected
         raise LaunchError(f"cannot run on {node.name}: {_describe(e)}") from None

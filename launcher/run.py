@@ -55,7 +55,7 @@ def prepare_sample_data(cluster: Cluster, node: Node, output: str, ranks: int) -
                                    f"--shard-size {size}"),
     ):
         print(f"[{node.name}] {what}", flush=True)
-        code, _ = remote.stream(cluster, node, cmd)
+        code, _ = remote.stream(cluster, node, cmd, pty=False)
         if code != 0:
             raise LaunchError(f"{what} failed on {node.name} (exit {code})")
     return shards

@@ -99,3 +99,17 @@ def test_teardown_on_failure_brings_the_cluster_down(tmp_path):
     assert_one_line_error(proc, "no manifest.json")
     assert "is down (--teardown)" in proc.stdout
     assert not any(alive(p) for p in pids)
+
+
+def test_without_data_it_makes_sample_data_on_the_first_node(tmp_path):
+    home, run = tmp_path / "home", tmp_path / "run"
+    launch(home, "local", "up", "--nodes", "2", check=True)
+    try:
+        proc = launch(home, "train", "--epochs", "1", "--output", str(run), *TINY)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+        assert "[node0] making sample data" in proc.stdout and "[node0] converting sample data" in proc.stdout
+        assert (run / "shards" / "manifest.json").is_file()
+        assert (run / "sample-ilsvrc" / "train").is_dir()
+        assert json.loads((run / "summary.json").read_text())["val_samples"] == 200
+    finally:
+        launch(home, "local", "down")
