@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -29,10 +31,20 @@ err = Console(stderr=True, soft_wrap=True)
 ClusterOpt = typer.Option(None, "--cluster", help="Cluster name; defaults to the only cluster there is.")
 
 
-def _progress(what: str) -> Progress:
-    return Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]:>8} img/s"), TimeRemainingColumn(), console=err,
-                    transient=False, disable=not err.is_terminal)
+@contextlib.contextmanager
+def _progress(what: str, total: int) -> Iterator[Callable[[], None]]:
+    """A progress bar with images/s and ETA on a terminal; yields the per-image tick."""
+    bar = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]:>8} img/s"),
+                   TimeRemainingColumn(), console=err, disable=not err.is_terminal)
+    with bar:
+        task = bar.add_task(what, total=max(total, 0), rate="")
+        start = time.perf_counter()
+
+        def tick() -> None:
+            done = bar.tasks[0].completed + 1
+            bar.update(task, advance=1, rate=f"{done / max(time.perf_counter() - start, 1e-9):.0f}")
+
+        yield tick
 
 
 @local_app.command("up")
@@ -105,14 +117,7 @@ def data_sample(out: Path = typer.Option(..., "--out", help="Directory to create
     from training.sample import make_sample
 
     total = classes * (per_class + (val_per_class if val_per_class is not None else max(2, per_class // 5)))
-    with _progress("sample") as bar:
-        task = bar.add_task("images", total=max(total, 0), rate="")
-        start = time.perf_counter()
-
-        def tick() -> None:
-            done = bar.tasks[0].completed + 1
-            bar.update(task, advance=1, rate=f"{done / max(time.perf_counter() - start, 1e-9):.0f}")
-
+    with _progress("sample", total) as tick:
         try:
             summary = make_sample(out, classes=classes, per_class=per_class, val_per_class=val_per_class,
                                   seed=seed, on_image=tick)
@@ -133,14 +138,7 @@ def data_convert(src: Path = typer.Argument(..., help="ILSVRC2012 root with trai
     if not src.exists():
         raise LaunchError(f"SRC {src} does not exist")
     total = sum(1 for split in ("train", "val") for p in (src / split).glob("*/*") if p.is_file())
-    with _progress("convert") as bar:
-        task = bar.add_task("images", total=total, rate="")
-        start = time.perf_counter()
-
-        def tick() -> None:
-            done = bar.tasks[0].completed + 1
-            bar.update(task, advance=1, rate=f"{done / max(time.perf_counter() - start, 1e-9):.0f}")
-
+    with _progress("convert", total) as tick:
         try:
             manifest = convert(src, out, shard_size=shard_size, seed=seed, on_sample=tick)
         except ValueError as e:
