@@ -9,6 +9,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 TORCH_VERSION := 2.13.0
 APT_PACKAGES := openmpi-bin libopenmpi-dev openssh-server
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: setup demo test lint apt clean
 

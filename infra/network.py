@@ -1,0 +1,61 @@
+"""Network: one VPC in one AZ whose node subnet has no route to or from the internet."""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+# Interface endpoints the SSM agent needs to register and to carry Session Manager sessions.
+SSM_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
+    "Ssm": ec2.InterfaceVpcEndpointAwsService.SSM,
+    "SsmMessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
+    "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
+}
+
+
+class Network(Construct):
+    """VPC, private isolated node subnet, S3 gateway endpoint, SSM interface endpoints and flow logs.
+
+    No NAT gateway and no internet gateway: the image (the Deep Learning Base AMI or ``ami``) carries the
+    whole software stack, operators reach nodes through SSM Session Manager over the interface endpoints,
+    and data comes from S3 over the gateway endpoint. Nothing in the node subnet can reach the internet
+    or be reached from it, and there is no NAT to pay for by the hour.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, az: str | None) -> None:
+        super().__init__(scope, construct_id)
+        self.flow_log_group = logs.LogGroup(
+            self,
+            "FlowLogs",
+            retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=RemovalPolicy.DESTROY,  # the cluster is short-lived; its logs expire with it
+        )
+        # One AZ: a cluster placement group lives in one AZ. Without `az`, the region's first AZ is
+        # chosen at deploy time (Fn::GetAZs), so synth needs no lookup.
+        placement = {"availability_zones": [az]} if az else {"max_azs": 1}
+        self.vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr("10.0.0.0/16"),
+            nat_gateways=0,
+            # /18 = 16,379 addresses: 256 p5.48xlarge nodes use 32 EFA interfaces (one address each) = 8,192.
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="nodes", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=18)
+            ],
+            flow_logs={
+                "All": ec2.FlowLogOptions(
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_log_group),
+                    traffic_type=ec2.FlowLogTrafficType.ALL,
+                )
+            },
+            **placement,
+        )
+        self.subnet = self.vpc.isolated_subnets[0]
+        self.vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3)
+        # open=False: the security construct admits HTTPS from the node group only.
+        self.interface_endpoints: list[ec2.InterfaceVpcEndpoint] = [
+            self.vpc.add_interface_endpoint(name, service=service, private_dns_enabled=True, open=False)
+            for name, service in SSM_ENDPOINT_SERVICES.items()
+        ]
