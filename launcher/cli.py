@@ -190,13 +190,13 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         if result.exit_code != 0:
             raise LaunchError(f"training failed: mpirun on {chosen[0].name} exited {result.exit_code} "
                               f"(output above); run directory {out}")
-        _report(c, chosen, spec, result)
+        _report(chosen, spec, result)
     finally:
         if teardown:
             _teardown(c)
 
 
-def _report(c: clusters.Cluster, chosen, spec: plan.TrainSpec, result: run.RunResult) -> None:
+def _report(chosen, spec: plan.TrainSpec, result: run.RunResult) -> None:
     from launcher import costmodel
     from training.model import flops_per_image, parameter_count
 
@@ -207,7 +207,7 @@ def _report(c: clusters.Cluster, chosen, spec: plan.TrainSpec, result: run.RunRe
                   f"{spec.epochs} epochs, top-1 {top1}, top-5 {top5}, "
                   f"{s.get('images_per_sec', 0):.0f} img/s, {s.get('time_s', 0):.0f} s")
     console.print(f"metrics: {result.output}/metrics.jsonl   checkpoints: {result.output}/checkpoint-epoch*.pt")
-    images = run.data_size(c, chosen[0], result.data)
+    images = result.train_images
     ratio = flops_per_image(spec.model, spec.image_size) / flops_per_image("resnet50", 224)
     workload = costmodel.Workload(images_per_epoch=images, epochs=spec.epochs, flops_ratio=ratio,
                                   param_count=parameter_count(spec.model, s.get("classes", 1000)))

@@ -31,9 +31,8 @@ def sample_shard_size(samples: int, ranks: int, shards_per_rank: int = 4) -> int
 class RunResult:
     exit_code: int
     output: str
-    data: str
+    train_images: int           # training samples in the shards' manifest
     summary: dict | None
-    metrics: list[dict]
 
 
 def _on_first(cluster: Cluster, node: Node, command: str, what: str) -> str:
@@ -68,11 +67,11 @@ def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_dat
     if make_data:
         spec = spec.model_copy(update={"data": prepare_sample_data(cluster, first, spec.output,
                                                                    sum(n.slots for n in nodes))})
-    else:
-        code, _ = remote.check(cluster, first, f"test -f {shlex.quote(spec.data)}/manifest.json")
-        if code != 0:
-            raise LaunchError(f"no manifest.json in {spec.data} on {first.name}; make shards with "
-                              f"`launch data convert SRC --out {spec.data}` or leave out --data")
+    code, text = remote.check(cluster, first, f"cat {shlex.quote(spec.data)}/manifest.json")
+    if code != 0:
+        raise LaunchError(f"no manifest.json in {spec.data} on {first.name}; make shards with "
+                          f"`launch data convert SRC --out {spec.data}` or leave out --data")
+    train_images = sum(s["count"] for s in json.loads(text)["shards"] if s["split"] == "train")
 
     hostfile_path = f"{spec.output}/hostfile"
     _on_first(cluster, first, f"printf %s {shlex.quote(plan.hostfile(nodes))} > {shlex.quote(hostfile_path)}",
@@ -82,21 +81,9 @@ def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_dat
           flush=True)
     code, _ = remote.stream(cluster, first, plan.command_line(argv))
 
-    summary, metrics = None, []
     rc, text = remote.check(cluster, first, f"cat {out}/summary.json 2>/dev/null")
-    if rc == 0 and text.strip():
-        summary = json.loads(text)
-    rc, text = remote.check(cluster, first, f"cat {out}/metrics.jsonl 2>/dev/null")
-    if rc == 0:
-        metrics = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return RunResult(code, spec.output, spec.data, summary, metrics)
-
-
-def data_size(cluster: Cluster, node: Node, data: str) -> int:
-    """Training samples in the shards' manifest."""
-    _, text = remote.check(cluster, node, f"cat {shlex.quote(data)}/manifest.json")
-    manifest = json.loads(text)
-    return sum(s["count"] for s in manifest["shards"] if s["split"] == "train")
+    summary = json.loads(text) if rc == 0 and text.strip() else None
+    return RunResult(code, spec.output, train_images, summary)
 
 
 def local_output(path: str | None, stamp: str) -> str:
