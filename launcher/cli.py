@@ -169,10 +169,12 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           teardown: bool = typer.Option(False, "--teardown", help="Bring the cluster down afterwards, "
                                                                   "also on failure or Ctrl-C.")):
     """Train on the cluster with Horovod over mpirun; stream rank 0; report accuracy and AWS cost."""
-    from training.model import ARCHITECTURES
+    from training.model import check_model
 
-    if model not in ARCHITECTURES:
-        raise LaunchError(f"unknown model '{model}'; choose one of: {', '.join(ARCHITECTURES)}")
+    try:
+        check_model(model)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu), ("--image-size", image_size)):
         if value < 1:
             raise LaunchError(f"{name} must be >= 1, got {value}")

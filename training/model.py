@@ -118,9 +118,14 @@ class ResNet(nn.Module):
         return self.fc(self.avgpool(x).flatten(1))
 
 
-def build_model(name: str, num_classes: int, zero_init_residual: bool = True) -> ResNet:
+def check_model(name: str) -> None:
+    """ValueError with the choices when `name` is not one of ours."""
     if name not in ARCHITECTURES:
         raise ValueError(f"unknown model '{name}'; choose one of: {', '.join(ARCHITECTURES)}")
+
+
+def build_model(name: str, num_classes: int, zero_init_residual: bool = True) -> ResNet:
+    check_model(name)
     kind, layers = ARCHITECTURES[name]
     block = BasicBlock if kind == "basic" else Bottleneck
     return ResNet(block, layers, num_classes=num_classes, zero_init_residual=zero_init_residual)
@@ -131,8 +136,7 @@ def flops_per_image(name: str, image_size: int, num_classes: int = 1000) -> floa
 
     Used by the cost model to scale the catalog's ResNet-50-at-224 throughput to another model and size.
     """
-    if name not in ARCHITECTURES:
-        raise ValueError(f"unknown model '{name}'; choose one of: {', '.join(ARCHITECTURES)}")
+    check_model(name)
     kind, layers = ARCHITECTURES[name]
     expansion = 1 if kind == "basic" else 4
 

@@ -189,14 +189,12 @@ def train(cfg: Config) -> dict:
             metrics.flush()
 
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    my_train = [data / s["name"] for s in rank_shards(train_shards, rank, world)]
     run_start, images_seen = time.perf_counter(), 0
     for epoch in range(start_epoch, cfg.epochs):
         model.train()
         loader = make_loader(data, rank_shards(train_shards, rank, world), cfg.image_size, cfg.batch_per_gpu,
                              train=True, seed=cfg.seed, epoch=epoch, rank=rank, workers=cfg.workers,
                              pin_memory=cuda)
-        assert my_train, "checked above"
         epoch_start, window_start, loss_sum = time.perf_counter(), time.perf_counter(), 0.0
         batches = iter(loader)
         for i in range(steps):
