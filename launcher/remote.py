@@ -6,9 +6,11 @@ loads the cluster's known_hosts and rejects any key not in it.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fabric import Config, Connection, ThreadingGroup
@@ -111,6 +113,18 @@ class PrefixWriter:
             self.target.flush()
 
 
+@contextlib.contextmanager
+def _session(cluster: Cluster, node: Node) -> Iterator[Connection]:
+    """A pinned connection to one node; failing to reach or run there is a one-line LaunchError."""
+    conn = connect(cluster, node)
+    try:
+        yield conn
+    except Exception as e:  # connection refused, auth failure, host key rejected
+        raise LaunchError(f"cannot run on {node.name}: {_describe(e)}") from None
+    finally:
+        conn.close()
+
+
 def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True) -> tuple[int, list[str]]:
     """Run `command` on one node, printing its output prefixed by the node as it comes.
 
@@ -118,26 +132,18 @@ def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True) -> t
     the remote side gets SIGHUP and mpirun takes its ranks down with it. Without one, remote progress
     bars stay off and only their result lines come back.
     """
-    conn = connect(cluster, node)
     writer = PrefixWriter(node.name)
     try:
-        res = conn.run(in_workdir(node, command), pty=pty, warn=True, hide=False, out_stream=writer,
-                       in_stream=False)
-    except Exception as e:  # connection refused, auth failure, host key rejected
-        raise LaunchError(f"cannot run on {node.name}: {_describe(e)}") from None
+        with _session(cluster, node) as conn:
+            res = conn.run(in_workdir(node, command), pty=pty, warn=True, hide=False, out_stream=writer,
+                           in_stream=False)
     finally:
         writer.flush()
-        conn.close()
     return res.exited, writer.lines
 
 
 def check(cluster: Cluster, node: Node, command: str) -> tuple[int, str]:
     """Run a short command on one node and return (exit code, stdout) without printing."""
-    conn = connect(cluster, node)
-    try:
+    with _session(cluster, node) as conn:
         res = conn.run(in_workdir(node, command), hide=True, warn=True, in_stream=False)
-    except Exception as e:
-        raise LaunchError(f"cannot run on {node.name}: {_describe(e)}") from None
-    finally:
-        conn.close()
     return res.exited, res.stdout
