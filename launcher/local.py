@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from launcher import render
-from launcher.cluster import Cluster, Node, cluster_dir, save
+from launcher.cluster import Cluster, Node, cluster_dir, load, save
 from launcher.errors import LaunchError
 
 SSHD = "/usr/sbin/sshd"
@@ -135,19 +135,16 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
         raise LaunchError("no ssh-keygen on PATH; install openssh-client")
 
     d = cluster_dir(name)
-    if (d / "cluster.json").exists():
-        from launcher import cluster as clusters
+    if d.exists():
         try:
-            old = clusters.load(name)
-        except LaunchError:
+            old = load(name) if (d / "cluster.json").exists() else None
+        except LaunchError:  # damaged state: nothing to keep
             old = None
         if old is not None and running_nodes(old):
             raise LaunchError(f"cluster '{name}' is already up ({len(old.nodes)} nodes); "
                               f"run `launch local down` first")
-        if old is not None:  # a crash left state behind: stop whatever is left and start clean
-            _stop_pids(old.processes, d)
-    if d.exists():
-        _stop_pids(_pids_from_files(d), d)
+        # A crash (or a failed `up`) left state behind: stop whatever is left and start clean.
+        _stop_pids(_recorded_pids(d, old), d)
         shutil.rmtree(d)
 
     roles = node_names(nodes, reducers)
@@ -197,20 +194,20 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
     return cluster
 
 
-def _pids_from_files(d: Path) -> dict[str, int]:
+def _recorded_pids(d: Path, cluster: Cluster | None) -> dict[str, int]:
+    """Every sshd pid recorded for the cluster: per-node pid files (written as each node starts, so a crash
+    mid-`up` leaves them) and the cluster's own record."""
     pids = {}
     for f in (d / "nodes").glob("*/launcher.pid"):
-        try:
+        with contextlib.suppress(ValueError):
             pids[f.parent.name] = int(f.read_text())
-        except ValueError:
-            continue
-    return pids
+    return {**pids, **(cluster.processes if cluster else {})}
 
 
 def down(cluster: Cluster) -> int:
     """Stop the cluster's sshd processes and remove its state. Returns how many were running."""
     d = cluster_dir(cluster.name)
-    pids = {**_pids_from_files(d), **cluster.processes}
+    pids = _recorded_pids(d, cluster)
     running = len([1 for n, p in pids.items() if _alive(p, _sshd_marker(d, n))])
     _stop_pids(pids, d)
     shutil.rmtree(d, ignore_errors=True)
