@@ -52,6 +52,11 @@ class UnknownInstanceType(ValueError):
     """Raised by :func:`get` for a name the catalog does not hold; the message is one line."""
 
 
+# NVIDIA's open GPU kernel modules support Turing and newer GPUs only
+# (https://github.com/NVIDIA/open-gpu-kernel-modules, "Supported GPUs"); Volta needs the proprietary driver.
+_PROPRIETARY_DRIVER_ONLY = frozenset({"V100", "V100-32GB"})
+
+
 class InstanceType(BaseModel):
     """One EC2 instance type, with its dated on-demand price and a per-GPU ResNet-50 default."""
 
@@ -93,6 +98,15 @@ class InstanceType(BaseModel):
     @property
     def has_efa(self) -> bool:
         return self.efa_cards > 0
+
+    @property
+    def needs_proprietary_driver(self) -> bool:
+        """True for GPUs NVIDIA's open kernel modules do not drive (before Turing: the V100).
+
+        The AWS Deep Learning Base *OSS* Nvidia Driver AMIs ship the open modules, so these types need an
+        image with the proprietary driver (``-c ami=...``).
+        """
+        return self.gpu_model in _PROPRIETARY_DRIVER_ONLY
 
     @property
     def network_bytes_per_sec(self) -> float:

@@ -40,7 +40,9 @@ class Network(Construct):
             "Vpc",
             ip_addresses=ec2.IpAddresses.cidr("10.0.0.0/16"),
             nat_gateways=0,
-            # /18 = 16,379 addresses: 256 p5.48xlarge nodes use 32 EFA interfaces (one address each) = 8,192.
+            # /18 = 16,379 addresses. A node takes one (its primary interface; EFA-only interfaces have none),
+            # so the subnet holds thousands of nodes plus the endpoints and FSx; with EFA-with-ENA on every card
+            # 256 p5.48xlarge would take 8,192.
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="nodes", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=18)
             ],

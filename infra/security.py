@@ -1,20 +1,29 @@
-"""Security: the node group's one security group and its paths to the VPC endpoints."""
+"""Security: the node group, its paths to the VPC endpoints, and the FSx for Lustre group."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from aws_cdk import Annotations
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 HTTPS = ec2.Port.tcp(443)
+SSH = ec2.Port.tcp(22)
+# Lustre's LNet port and the ports its servers and clients connect from
+# (https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html).
+LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
 
 
 class NodeSecurity(Construct):
     """One group for every node: all traffic to and from itself, HTTPS out, SSH in only from ``ssh_cidr``.
 
     EFA requires a group whose inbound AND outbound rules allow all traffic to and from the group
-    itself; without the outbound rule the EFA provider fails and NCCL silently falls back to TCP.
+    itself; without the outbound rule the EFA provider fails and NCCL silently falls back to TCP. Workers and
+    reducers share the group, so MPI, NCCL, BeeGFS and the reducers' traffic all pass the same rules.
+
+    With ``fsx`` a second group guards the file system: Lustre ports from the nodes and from itself, and the
+    node group may reach it (and be called back by it) on those ports only.
     """
 
     def __init__(
@@ -25,6 +34,7 @@ class NodeSecurity(Construct):
         vpc: ec2.IVpc,
         endpoints: Sequence[ec2.InterfaceVpcEndpoint],
         ssh_cidr: str | None,
+        fsx: bool,
     ) -> None:
         super().__init__(scope, construct_id)
         self.group = ec2.SecurityGroup(
@@ -43,4 +53,25 @@ class NodeSecurity(Construct):
         # prefix list id differs per region and naming it would need a synth-time lookup.
         self.group.add_egress_rule(ec2.Peer.any_ipv4(), HTTPS, "HTTPS to S3 via the gateway endpoint")
         if ssh_cidr is not None:
-            self.group.add_ingress_rule(ec2.Peer.ipv4(ssh_cidr), ec2.Port.tcp(22), "SSH from ssh_cidr")
+            self.group.add_ingress_rule(ec2.Peer.ipv4(ssh_cidr), SSH, "SSH from ssh_cidr")
+
+        self.storage_group: ec2.SecurityGroup | None = None
+        if fsx:
+            # Outbound stays open: the file system's own traffic (to S3 for its data repository, to its
+            # peers) is AWS's to manage, and the subnet has no route beyond the VPC and the S3 endpoint.
+            self.storage_group = ec2.SecurityGroup(
+                self,
+                "Storage",
+                vpc=vpc,
+                description="scaletrain FSx for Lustre: Lustre ports from the nodes and itself",
+                allow_all_outbound=True,
+            )
+            # allow_internally adds an egress rule too; with all outbound allowed it is redundant, not lost.
+            Annotations.of(self.storage_group).acknowledge_warning(
+                "@aws-cdk/aws-ec2:ipv4IgnoreEgressRule", "all outbound traffic is allowed on the FSx group"
+            )
+            for port in LUSTRE_PORTS:
+                self.storage_group.connections.allow_internally(port, "Lustre between file servers")
+                # Ingress on the file system from the nodes, plus the nodes' matching egress.
+                self.storage_group.connections.allow_from(self.group, port, "Lustre from the nodes")
+                self.group.connections.allow_from(self.storage_group, port, "Lustre callbacks from FSx")

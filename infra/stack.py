@@ -1,28 +1,66 @@
-"""The cluster stack: composes network, security and compute from one ClusterSpec."""
+"""The cluster stack: composes network, security, compute, reducers, storage and the cost guard from one spec.
+
+Outputs the launcher reads (``aws cloudformation describe-stacks``) are listed with their meaning in
+``infra/README.md``; structured ones (``NodeGroups``, ``EfaDevices``, ``StorageMount``) are one JSON document each.
+
+Stateful resources keep fixed logical IDs (:data:`PINNED_LOGICAL_IDS`), so refactoring constructs never
+replaces a file system, a node group or the TTL clock.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from aws_cdk import CfnOutput, CfnParameter, Stack, Tags
+from aws_cdk import CfnOutput, CfnParameter, CfnResource, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
-from constructs import Construct
+from aws_cdk import aws_fsx as fsx
+from constructs import Construct, IConstruct
 
-from infra.compute import TAG_CLUSTER, NodeGroup
+from infra.compute import TAG_CLUSTER, NodeGroup, NodeIdentity
+from infra.guard import CostGuard
+from infra.layout import Interface
 from infra.network import Network
 from infra.security import NodeSecurity
 from infra.spec import ClusterSpec
+from infra.storage import LustreStorage
 
 # The AWS Deep Learning Base AMI (OSS NVIDIA driver, EFA, NCCL, aws-ofi-nccl), resolved by CloudFormation
-# at deploy time from its public SSM parameter; synth never looks it up. V100 types (p3) need the
-# proprietary driver: pass -c ami=... or override the parameter for them.
+# at deploy time from its public SSM parameter; synth never looks it up. V100 types (p3, p3dn) need the
+# proprietary driver, so the spec requires -c ami=... for them.
 DEEP_LEARNING_BASE_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 )
 
+PINNED_LOGICAL_IDS = (
+    "PlacementGroup",
+    "WorkerGroup",
+    "ReducerGroup",
+    "FileSystem",
+    "FlowLogGroup",
+    "GuardLogGroup",
+    "TtlClock",
+    "TtlSchedule",
+)
+
+
+def _pin(construct: IConstruct, logical_id: str) -> None:
+    resource = construct if isinstance(construct, CfnResource) else construct.node.default_child
+    assert isinstance(resource, CfnResource), f"{construct.node.path} has no CloudFormation resource to pin"
+    resource.override_logical_id(logical_id)
+
+
+def _compact_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _devices(layout: tuple[Interface, ...]) -> list[dict[str, int | str]]:
+    return [interface.as_dict() for interface in layout]
+
 
 class ClusterStack(Stack):
-    """One training cluster: a private single-AZ network and a worker node group in a cluster placement group."""
+    """One training cluster: private single-AZ network, workers (and reducers) in one placement group, shared
+    storage, and a cost guard that deletes it all after ``ttl_hours``."""
 
     def __init__(self, scope: Construct, construct_id: str, *, spec: ClusterSpec, **kwargs: Any) -> None:
         super().__init__(scope, construct_id, description=f"scaletrain cluster {spec.cluster_name}", **kwargs)
@@ -30,44 +68,152 @@ class ClusterStack(Stack):
         Tags.of(self).add(TAG_CLUSTER, spec.cluster_name)
 
         network = Network(self, "Network", az=spec.az)
+        _pin(network.flow_log_group, "FlowLogGroup")
         security = NodeSecurity(
-            self, "Security", vpc=network.vpc, endpoints=network.interface_endpoints, ssh_cidr=spec.ssh_cidr
+            self,
+            "Security",
+            vpc=network.vpc,
+            endpoints=network.interface_endpoints,
+            ssh_cidr=spec.ssh_cidr,
+            fsx=spec.storage == "fsx",
         )
-        # One cluster placement group for every role, so later reducers sit beside the workers.
-        placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
 
-        if spec.ami is not None:
-            image_id = spec.ami
+        # One cluster placement group for every role, so reducers sit beside the workers; or the user's own
+        # (a capacity reservation made in a cluster placement group must be used from that group).
+        if spec.placement_group is None:
+            placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+            _pin(placement_group, "PlacementGroup")
+            placement_group_name = placement_group.ref
         else:
-            image_id = CfnParameter(
-                self,
-                "DeepLearningAmi",
-                type="AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
-                default=DEEP_LEARNING_BASE_AMI_PARAMETER,
-                description="SSM parameter naming the node image (resolved at deploy time)",
-            ).value_as_string
+            placement_group_name = spec.placement_group
 
+        image_id = spec.ami if spec.ami is not None else self._deep_learning_ami()
+        identity = NodeIdentity(self, "NodeIdentity", cluster_name=spec.cluster_name, data_bucket=spec.data_bucket)
+        common = {
+            "cluster_name": spec.cluster_name,
+            "subnet": network.subnet,
+            "security_group": security.group,
+            "placement_group_name": placement_group_name,
+            "identity": identity,
+            "image_id": image_id,
+            "root_device": spec.root_device,
+            "spot": spec.spot,
+        }
         self.workers = NodeGroup(
             self,
             "Workers",
-            cluster_name=spec.cluster_name,
             role="worker",
             instance=spec.worker,
             nodes=spec.nodes,
-            subnet=network.subnet,
-            security_group=security.group,
-            placement_group=placement_group,
-            image_id=image_id,
-            spot=spec.spot,
+            layout=spec.worker_interfaces,
             capacity_reservation_id=spec.capacity_reservation_id,
+            **common,
         )
+        _pin(self.workers.group, "WorkerGroup")
+        self.reducers: NodeGroup | None = None
+        if spec.reducers:
+            # The capacity reservation is for the worker type; reducers launch on demand (or spot).
+            self.reducers = NodeGroup(
+                self,
+                "Reducers",
+                role="reducer",
+                instance=spec.reducer,
+                nodes=spec.reducers,
+                layout=spec.reducer_interfaces,
+                capacity_reservation_id=None,
+                **common,
+            )
+            _pin(self.reducers.group, "ReducerGroup")
 
-        outputs = {
+        storage_mount: dict[str, object] = {"type": spec.storage}
+        file_system: fsx.CfnFileSystem | None = None
+        if spec.storage == "fsx":
+            assert security.storage_group is not None and spec.fsx_capacity is not None
+            lustre = LustreStorage(
+                self,
+                "Lustre",
+                subnet=network.subnet,
+                security_group=security.storage_group,
+                capacity_gib=spec.fsx_capacity,
+                data_bucket=spec.data_bucket,
+            )
+            file_system = lustre.file_system
+            _pin(file_system, "FileSystem")
+            storage_mount = lustre.mount()
+        elif spec.beegfs is not None:
+            storage_mount = spec.beegfs
+
+        # The TTL counts from when the expensive resources exist, not from the start of the deploy.
+        expensive: list[IConstruct] = [self.workers.group]
+        if self.reducers is not None:
+            expensive.append(self.reducers.group)
+        if file_system is not None:
+            expensive.append(file_system)
+        guard = CostGuard(
+            self,
+            "Guard",
+            ttl_hours=spec.ttl_hours,
+            schedule_name=f"{spec.cluster_name}-ttl",
+            starts_after=expensive,
+        )
+        _pin(guard.log_group, "GuardLogGroup")
+        _pin(guard.clock, "TtlClock")
+        _pin(guard.schedule, "TtlSchedule")
+
+        node_groups = [
+            {
+                "role": "worker",
+                "group_name": self.workers.group.ref,
+                "instance_type": spec.instance_type,
+                "nodes": spec.nodes,
+                "transport": "efa" if spec.worker_efa else "tcp",
+                "efa_devices": _devices(spec.worker_interfaces),
+            }
+        ]
+        if self.reducers is not None:
+            node_groups.append(
+                {
+                    "role": "reducer",
+                    "group_name": self.reducers.group.ref,
+                    "instance_type": spec.reducer_type,
+                    "nodes": spec.reducers,
+                    "transport": spec.reducer_transport,
+                    "efa_devices": _devices(spec.reducer_interfaces),
+                }
+            )
+
+        outputs: dict[str, tuple[str, str]] = {
             "ClusterName": (spec.cluster_name, "cluster name (the scaletrain:cluster tag)"),
-            "NodeGroupName": (self.workers.group.ref, "Auto Scaling group of the worker nodes"),
-            "EfaDevicesPerNode": (str(spec.efa_devices_per_node), "EFA interfaces per worker; 0 = TCP only"),
             "InstanceType": (spec.instance_type, "worker instance type"),
+            "NodeGroupName": (self.workers.group.ref, "Auto Scaling group of the worker nodes"),
+            "ReducerGroupName": (
+                self.reducers.group.ref if self.reducers else "none",
+                "Auto Scaling group of the reducer nodes, or none",
+            ),
+            "NodeGroups": (self.to_json_string(node_groups), "JSON: one object per role"),
+            "EfaDevicesPerNode": (str(spec.efa_devices_per_node), "EFA devices per worker; 0 = TCP only"),
+            "EfaDevices": (_compact_json(_devices(spec.worker_interfaces)), "JSON: the worker's network interfaces"),
+            "ReducerTransport": (
+                spec.reducer_transport if spec.reducers else "none",
+                "reducer-worker transport: efa, tcp, or none without reducers",
+            ),
             "Storage": (spec.storage, "shared storage: fsx, beegfs or none"),
+            "StorageMount": (self.to_json_string(storage_mount), "JSON: how nodes mount the shared storage"),
+            "DataBucket": (spec.data_bucket or "none", "S3 bucket the nodes may read, or none"),
+            "PlacementGroupName": (placement_group_name, "cluster placement group of every node"),
+            "TtlHours": (f"{spec.ttl_hours:g}", "hours from deploy until the cost guard deletes the stack"),
+            "TtlExpiresAt": (guard.expires_at, "when the cost guard deletes the stack (UTC)"),
+            "TtlScheduleName": (guard.schedule_name, "EventBridge Scheduler schedule; update it to extend the TTL"),
+            "TtlScheduleGroup": (guard.schedule_group, "schedule group of TtlScheduleName"),
         }
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)
+
+    def _deep_learning_ami(self) -> str:
+        return CfnParameter(
+            self,
+            "DeepLearningAmi",
+            type="AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
+            default=DEEP_LEARNING_BASE_AMI_PARAMETER,
+            description="SSM parameter naming the node image (resolved at deploy time)",
+        ).value_as_string

@@ -1,0 +1,134 @@
+"""Guard: the stack deletes itself ``ttl_hours`` after it was deployed, even if no one is watching.
+
+Three pieces, all in the stack:
+
+- the guard function (:mod:`infra.guard_function`, inlined, no asset to upload);
+- a ``Custom::TtlClock`` resource backed by that function, which computes the expiry *at deploy time*
+  (synthesis stays deterministic), once the node groups and the file system exist, and refuses a deploy the
+  guard could not undo (a stack without a CloudFormation service role);
+- an EventBridge Scheduler schedule that starts at the expiry and from then on invokes the function every
+  :data:`RETRY_MINUTES` minutes with ``{"action": "expire"}``. The function calls DeleteStack, and
+  CloudFormation deletes everything with the stack's own service role (the CDK bootstrap's execution role), so
+  the function itself may only describe and delete this one stack. A one-time ``at(...)`` schedule would fire
+  once: if that DeleteStack failed (the stack mid-update, a deletion that failed and needs another try), the
+  cluster would run on. The repeating schedule retries until the stack, the schedule with it, is gone;
+  DeleteStack on a stack already being deleted changes nothing.
+
+The launcher extends the TTL by moving the schedule's start (GetSchedule, then UpdateSchedule with a later
+``StartDate``), using the ``TtlScheduleName`` and ``TtlScheduleGroup`` outputs. Changing ``ttl_hours`` and
+redeploying restarts the clock from that deploy; a redeploy that leaves ``ttl_hours`` alone keeps the expiry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from aws_cdk import Aws, CustomResource, Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_scheduler as scheduler
+from constructs import Construct, IConstruct
+
+FUNCTION_SOURCE = Path(__file__).with_name("guard_function.py")
+INLINE_CODE_LIMIT = 4096  # bytes CloudFormation accepts in a Lambda ZipFile
+SCHEDULE_GROUP = "default"  # exists in every account and region; a per-cluster group would be one more resource
+EXPIRE_EVENT = {"action": "expire"}
+RETRY_MINUTES = 15  # from the expiry on, how often the guard calls DeleteStack until the stack is gone
+
+
+def guard_source() -> str:
+    source = FUNCTION_SOURCE.read_text()
+    if len(source.encode()) > INLINE_CODE_LIMIT:
+        raise ValueError(f"{FUNCTION_SOURCE.name} is over the {INLINE_CODE_LIMIT}-byte inline code limit")
+    return source
+
+
+class CostGuard(Construct):
+    """Deletes the stack at deploy time + ``ttl_hours``; exposes the expiry and the schedule's name and group."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        ttl_hours: float,
+        schedule_name: str,
+        starts_after: Sequence[IConstruct],
+    ) -> None:
+        """``starts_after``: what the TTL counts from (the node groups, the file system), not the deploy's start."""
+        super().__init__(scope, construct_id)
+        self.log_group = logs.LogGroup(
+            self, "Logs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=RemovalPolicy.DESTROY
+        )
+        function_role = iam.Role(
+            self,
+            "FunctionRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="scaletrain cost guard: describe and delete this one stack, write its own logs",
+        )
+        function_role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["cloudformation:DescribeStacks", "cloudformation:DeleteStack"], resources=[Aws.STACK_ID]
+            )
+        )
+        self.log_group.grant_write(function_role)
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            description="scaletrain cost guard: computes the TTL expiry, deletes the stack when it is reached",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="index.handler",
+            code=lambda_.Code.from_inline(guard_source()),
+            timeout=Duration.seconds(60),
+            memory_size=128,
+            role=function_role,
+            log_group=self.log_group,
+            environment={"STACK_ID": Aws.STACK_ID},
+        )
+
+        self.clock = CustomResource(
+            self,
+            "Clock",
+            service_token=self.function.function_arn,
+            resource_type="Custom::TtlClock",
+            properties={"TtlHours": f"{ttl_hours:g}"},
+        )
+        self.clock.node.add_dependency(*starts_after)
+        self.expires_at = self.clock.get_att_string("ExpiresAt")
+
+        scheduler_role = iam.Role(
+            self,
+            "SchedulerRole",
+            assumed_by=iam.ServicePrincipal(
+                "scheduler.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}
+            ),
+            description="scaletrain cost guard: lets the TTL schedule invoke the guard function",
+        )
+        scheduler_role.add_to_policy(
+            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[self.function.function_arn])
+        )
+        self.schedule_name = schedule_name
+        self.schedule_group = SCHEDULE_GROUP
+        self.schedule = scheduler.CfnSchedule(
+            self,
+            "Schedule",
+            name=schedule_name,
+            group_name=SCHEDULE_GROUP,
+            description="scaletrain cost guard: delete the cluster stack from its TTL expiry on",
+            schedule_expression=f"rate({RETRY_MINUTES} minutes)",
+            start_date=self.expires_at,
+            flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
+            state="ENABLED",
+            target=scheduler.CfnSchedule.TargetProperty(
+                arn=self.function.function_arn,
+                role_arn=scheduler_role.role_arn,
+                input=json.dumps(EXPIRE_EVENT),
+                # An invocation that fails to reach the function is retried until the next one is due.
+                retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
+                    maximum_retry_attempts=10, maximum_event_age_in_seconds=RETRY_MINUTES * 60
+                ),
+            ),
+        )

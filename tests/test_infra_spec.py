@@ -1,0 +1,176 @@
+"""The cluster spec and the layouts it derives: pure, no synthesis, no aws-cdk-lib."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra import catalog, layout
+from infra.spec import CONTEXT_KEYS, ClusterSpec, SpecError
+
+BASE = {"cluster_name": "scaletrain", "instance_type": "p4d.24xlarge", "nodes": "2"}
+V100_AMI = {"ami": "ami-0123456789abcdef0"}
+
+
+def spec(**overrides: str) -> ClusterSpec:
+    return ClusterSpec.from_context({**BASE, **overrides})
+
+
+# --- EFA layout --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [t.name for t in catalog.gpu_types() + [catalog.get("c5n.18xlarge")] if t.has_efa])
+def test_every_efa_card_gets_one_efa_device(name: str) -> None:
+    entry = catalog.get(name)
+    interfaces = layout.interfaces(entry, efa=True)
+    assert [i.network_card_index for i in interfaces] == list(range(entry.efa_cards))
+    assert layout.efa_device_count(interfaces) == entry.efa_cards
+    # The primary interface (card 0, device 0) carries the node's IP address and an EFA device...
+    assert interfaces[0] == layout.Interface(0, 0, "efa")
+    # ...every other card an address-less EFA-only interface at device index 1.
+    assert all(i.device_index == 1 and i.interface_type == "efa-only" for i in interfaces[1:])
+
+
+@pytest.mark.parametrize(
+    ("name", "devices"),
+    [("p3dn.24xlarge", 1), ("p4d.24xlarge", 4), ("p5.48xlarge", 32), ("p5en.48xlarge", 16), ("c5n.18xlarge", 1)],
+)
+def test_efa_devices_per_family(name: str, devices: int) -> None:
+    assert layout.efa_device_count(layout.interfaces(catalog.get(name), efa=True)) == devices
+
+
+def test_without_efa_one_plain_interface() -> None:
+    for name in ("p3.16xlarge", "p4d.24xlarge", "m5.24xlarge"):
+        assert layout.interfaces(catalog.get(name), efa=False) == (layout.Interface(0, 0, "interface"),)
+    with pytest.raises(ValueError, match="p3.16xlarge has no EFA"):
+        layout.interfaces(catalog.get("p3.16xlarge"), efa=True)
+
+
+def test_efa_follows_the_type_unless_turned_off() -> None:
+    assert spec().efa_devices_per_node == 4
+    assert spec(efa="false").efa_devices_per_node == 0
+    assert spec(efa="false").worker_interfaces == (layout.Interface(0, 0, "interface"),)
+    assert spec(instance_type="p3.16xlarge", **V100_AMI).efa_devices_per_node == 0
+
+
+# --- Reducers ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("worker", "reducer", "transport"),
+    [
+        ("p3dn.24xlarge", "c5n.18xlarge", "efa"),
+        ("g5.48xlarge", "c5n.9xlarge", "efa"),
+        ("p3dn.24xlarge", "m5.24xlarge", "tcp"),  # m5 has no EFA
+        ("p3.16xlarge", "c5n.18xlarge", "tcp"),  # p3.16xlarge has no EFA
+        ("p4d.24xlarge", "c5n.18xlarge", "tcp"),  # EFA between P4d/P5 and other families is not supported
+        ("p4de.24xlarge", "c5n.18xlarge", "tcp"),
+        ("p5.48xlarge", "c5n.18xlarge", "tcp"),
+        ("p5en.48xlarge", "c5n.18xlarge", "tcp"),
+    ],
+)
+def test_reducer_transport(worker: str, reducer: str, transport: str) -> None:
+    cluster = spec(instance_type=worker, reducers="4", reducer_type=reducer, **V100_AMI)
+    assert cluster.reducer_transport == transport
+    expected_devices = catalog.get(reducer).efa_cards if transport == "efa" else 0
+    assert layout.efa_device_count(cluster.reducer_interfaces) == expected_devices
+
+
+def test_workers_over_tcp_mean_reducers_over_tcp() -> None:
+    assert spec(instance_type="p3dn.24xlarge", efa="false", reducers="2", **V100_AMI).reducer_transport == "tcp"
+
+
+# --- Storage ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, 1200), ("1200", 1200), ("2400", 2400), ("9600", 9600)])
+def test_fsx_capacity(given: str | None, expected: int) -> None:
+    extra = {"fsx_capacity_gib": given} if given else {}
+    assert spec(storage="fsx", **extra).fsx_capacity == expected
+    assert spec().fsx_capacity is None
+
+
+def test_beegfs_ram_disk_is_a_quarter_of_worker_memory_and_roles_name_every_node() -> None:
+    beegfs = spec(instance_type="p3.16xlarge", storage="beegfs", reducers="2", reducer_type="m5.24xlarge", **V100_AMI)
+    assert beegfs.beegfs is not None
+    assert beegfs.beegfs["ramdisk_gib_per_node"] == 122  # 488 GiB x 0.25
+    assert beegfs.beegfs["roles"] == {
+        "management": ["worker:0"],
+        "metadata": ["worker:0"],
+        "storage": ["worker:*"],
+        "client": ["worker:*", "reducer:*"],
+    }
+    assert spec(storage="beegfs").beegfs["roles"]["client"] == ["worker:*"]  # type: ignore[index]
+    assert spec(storage="fsx").beegfs is None
+
+
+# --- Bad input: one line naming the key, the value and what is allowed ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ({"nodes": "0"}, "nodes='0': input should be greater than or equal to 1"),
+        ({"nodes": "-3"}, "nodes='-3': input should be greater than or equal to 1"),
+        ({"instance_type": "p9.huge"}, "instance_type='p9.huge': not in the instance catalog; allowed: p3.2xlarge"),
+        ({"instance_type": "c5n.18xlarge"}, "instance_type='c5n.18xlarge': has no GPUs; allowed: p3.2xlarge"),
+        (
+            {"instance_type": "p3.16xlarge", "efa": "true", **V100_AMI},
+            "efa=True: p3.16xlarge has no EFA; allowed: false, or an instance_type with EFA: p3dn.24xlarge, p4d",
+        ),
+        (
+            {"reducers": "2", "reducer_type": "p3.2xlarge"},
+            "reducer_type='p3.2xlarge': has GPUs; reducers are CPU nodes, allowed: c5n.9xlarge, c5n.18xlarge, m5",
+        ),
+        ({"reducer_type": "g5.48xlarge"}, "reducer_type='g5.48xlarge': has GPUs; reducers are CPU nodes"),
+        (
+            {"storage": "fsx", "fsx_capacity_gib": "1000"},
+            "fsx_capacity_gib='1000': allowed: 1200 or a multiple of 2400 GiB",
+        ),
+        (
+            {"storage": "fsx", "fsx_capacity_gib": "3600"},
+            "fsx_capacity_gib='3600': allowed: 1200 or a multiple of 2400",
+        ),
+        ({"storage": "fsx", "fsx_capacity_gib": "0"}, "fsx_capacity_gib='0': allowed: 1200 or a multiple of 2400"),
+        ({"storage": "fsx", "fsx_capacity_gib": "big"}, "fsx_capacity_gib='big': input should be a valid integer"),
+        ({"fsx_capacity_gib": "2400"}, "fsx_capacity_gib=2400: allowed only with storage=fsx"),
+        ({"ttl_hours": "0"}, "ttl_hours='0': allowed: 0.25 to 720 hours; the launcher can extend it"),
+        ({"ttl_hours": "-1"}, "ttl_hours='-1': allowed: 0.25 to 720 hours"),
+        ({"ttl_hours": "nan"}, "ttl_hours='nan': allowed: 0.25 to 720 hours"),
+        ({"ttl_hours": "never"}, "ttl_hours='never': input should be a valid number"),
+        ({"ttl_hours": "0.1"}, "ttl_hours='0.1': allowed: 0.25 to 720 hours"),
+        ({"ttl_hours": "1000"}, "ttl_hours='1000': allowed: 0.25 to 720 hours"),
+        ({"storage": "nfs"}, "storage='nfs': input should be 'fsx', 'beegfs' or 'none'"),
+        ({"data_bucket": "s3://my-data"}, "data_bucket='s3://my-data': allowed: an S3 bucket name"),
+        ({"data_bucket": "My_Data"}, "data_bucket='My_Data': allowed: an S3 bucket name"),
+        ({"data_bucket": "10.0.0.1"}, "data_bucket='10.0.0.1': allowed: an S3 bucket name"),
+        ({"instance_type": "p3.16xlarge"}, "ami: required for instance_type='p3.16xlarge': its V100 GPUs need"),
+        ({"instance_type": "p3dn.24xlarge"}, "ami: required for instance_type='p3dn.24xlarge': its V100-32GB GPUs"),
+        ({"root_device": "/dev/sdb"}, "root_device='/dev/sdb': input should be '/dev/sda1' or '/dev/xvda'"),
+        ({"ssh_cidr": "0.0.0.0/0"}, "ssh_cidr='0.0.0.0/0': allowed: a narrower IPv4 CIDR"),
+        ({"ssh_cidr": "10.0.0.1/8"}, "ssh_cidr='10.0.0.1/8': allowed: an IPv4 CIDR"),
+        ({"az": "eu-west-1a"}, "az='eu-west-1a': allowed: an availability zone of region us-east-1"),
+        ({"spot": "true", "capacity_reservation_id": "cr-0123456789abcdef0"}, "spot=True: allowed: false when"),
+        ({"capacity_reservation_id": "cr-1"}, "capacity_reservation_id='cr-1': allowed: a capacity reservation id"),
+        ({"placement_group": "a b"}, "placement_group='a b': allowed: a placement group name"),
+        ({"cluster_name": "has_underscore"}, "cluster_name='has_underscore': allowed: a letter, then"),
+    ],
+)
+def test_bad_context_gives_one_line_spec_error(override: dict[str, str], expected: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        ClusterSpec.from_context({**BASE, **override})
+    message = str(caught.value)
+    assert message.startswith(expected), message
+    assert "\n" not in message
+
+
+def test_context_strings_are_coerced_and_empty_strings_mean_not_given() -> None:
+    cluster = spec(nodes="3", spot="false", reducers="2", ssh_cidr="", efa="", fsx_capacity_gib="", ttl_hours="1.5")
+    assert (cluster.nodes, cluster.spot, cluster.reducers, cluster.ssh_cidr, cluster.efa) == (3, False, 2, None, None)
+    assert cluster.ttl_hours == 1.5
+
+
+def test_every_context_key_is_documented() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "infra" / "README.md").read_text()
+    assert [key for key in CONTEXT_KEYS if f"| `{key}` |" not in readme] == []
