@@ -1,31 +1,91 @@
-"""A first, pure performance and cost model for data-parallel ResNet-50 training on catalog instances.
+"""A pure performance and cost model for data-parallel ResNet-50 training on catalog instances.
 
-One step on every GPU: compute ``batch_per_gpu`` images, then allreduce the gradients. The allreduce
-is a hierarchical ring (what NCCL and Horovod do on multi-GPU nodes): a ring inside each node over the
-GPU interconnect, then a ring across nodes over the instance network, each phase costing
-``bytes / bandwidth + alpha * 2 * (ring size - 1)``. Only the communication that backward
-propagation cannot hide is added to the step. Everything is a function of the catalog entry, the
-node count and a :class:`Workload`; the constants live in :class:`ModelConstants` so a later, deeper
-model can add terms (reducers, data pipeline, stragglers) without changing what exists.
+One step on every GPU: compute ``batch_per_gpu`` images, then reduce the gradients across the cluster. Only the
+communication that backward propagation cannot hide is added to the step. Three ways to reduce (``strategy``):
 
-Calibration: with the catalog's V100 figure (712 img/s), 8 x p3.16xlarge, 90 epochs of ImageNet at
-256 images per GPU, the model gives ~41.4k img/s, ~91% scaling and ~56 min including the default
-10 min fixed overhead (46 min of training), against seed 000's 41k img/s, 90% and ~50 min.
+- ``horovod``: hierarchical ring allreduce, what NCCL and Horovod do on multi-GPU nodes. A ring inside each node
+  over the GPU interconnect, then a ring across nodes over the instance network (EFA or TCP), each costing
+  ``2(m-1)/m * bytes / bandwidth + alpha * 2(m-1)`` for a ring of ``m``. Each node sends (and receives)
+  ``2(n-1)/n`` times the gradient per step.
+- ``reducers``: the C5n reducer tier of seed 004. Each worker node sends the gradient once and receives the sum
+  once, split over the reducers; a reducer's link carries ``workers / reducers`` gradients each way and its CPUs
+  sum them. Sending and receiving are pipelined, so the slowest of the three (worker link, reducer link, reducer
+  CPUs) sets the time, plus two hops. With reducer links as fast as the workers', reducers beyond the worker count
+  gain nothing: the workers' own links are then the limit.
+- ``ps``: MXNet-style parameter servers (seed 003), CPU instances at a given count. The same bytes per worker as
+  the reducer tier, but over ps-lite's TCP and store-and-forward: a key is pulled only after every worker pushed it
+  and the server summed it and ran the update, so worker link, server link and server work add up instead of
+  overlapping. That is why seed 003 needed two servers per worker to match Horovod.
+
+Around the steps: a CPU ceiling (the data loader's images/s per vCPU times the node's vCPUs), a checkpoint at every
+epoch end, a final validation pass, and the run's fixed costs (provisioning the instances, staging the data set
+from S3). Everything is a function of catalog entries, counts, a :class:`Workload`, :class:`PriceQuote` s and the
+constants in :class:`ModelConstants`, where every assumption and fit is written down.
+
+Calibration, with the catalog's V100 figure (712 img/s, seed 000's stack):
+- seed 000, 8 x p3.16xlarge, Horovod over 25 Gbps TCP: 41.4k img/s, 90.9% scaling, 32.5 s per epoch including the
+  checkpoint and 48.7 min for 90 epochs with the final validation (their table: 41k, 90%, 33 s per epoch,
+  50 min); with provisioning and staging the billed time is 54 min. Their MXNet row (parameter servers at 2:1,
+  at the 747 img/s per GPU the row implies) comes out at 42.9k img/s, 90%, 31.4 s per epoch, 47 min (theirs:
+  44k, 92%, 31 s, 47 min);
+- seed 003, the same cluster with parameter servers: one server gives 38.3% scaling (theirs: 38%); one server
+  per worker 83%, clearly below Horovod; two per worker 90.7%, within 0.2 points of it, for 38% more money.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.catalog import InstanceType, get
+from launcher.pricing import PriceQuote, catalog_quote
 
-__all__ = ["DEFAULT_CONSTANTS", "Estimate", "ModelConstants", "Workload", "compare", "estimate"]
+__all__ = [
+    "DEFAULT_CONSTANTS",
+    "DEFAULT_TIER_TYPE",
+    "IMAGENET_TRAIN_IMAGES",
+    "IMAGENET_VAL_IMAGES",
+    "STRATEGIES",
+    "STRATEGY_LABELS",
+    "Estimate",
+    "GpuThroughput",
+    "ModelConstants",
+    "RunCheck",
+    "Strategy",
+    "Workload",
+    "check_run",
+    "compare",
+    "default_tier_nodes",
+    "estimate",
+    "imagenet",
+    "model_notes",
+    "resolve_gpu_throughput",
+]
 
 RESNET50_PARAMS = 25_557_032  # torchvision resnet50: conv + bn + fc weights and biases
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ILSVRC2012 train split
+IMAGENET_VAL_IMAGES = 50_000  # ILSVRC2012 validation split
+# ILSVRC2012_img_train.tar (147,897,477,120 B) + ILSVRC2012_img_val.tar (6,744,924,160 B): the JPEG bytes the shards
+# hold. Per image that is ~115 kB, used for data sets given only by image count.
+IMAGENET_BYTES = 147_897_477_120 + 6_744_924_160
+BYTES_PER_IMAGE = IMAGENET_BYTES / (IMAGENET_TRAIN_IMAGES + IMAGENET_VAL_IMAGES)
+
+Strategy = Literal["horovod", "ps", "reducers"]
+STRATEGIES: tuple[Strategy, ...] = ("horovod", "ps", "reducers")
+STRATEGY_LABELS: dict[str, str] = {
+    "horovod": "Horovod ring allreduce",
+    "ps": "parameter servers",
+    "reducers": "reducer tier",
+}
+# The CPU tier's instance type when none is named. Parameter servers: seed 000 used m4.16xlarge (64 vCPUs, 25 Gbps),
+# which the catalog does not carry; m5.24xlarge has the same 25 Gbps. Reducers: seed 004's C5n.
+DEFAULT_TIER_TYPE: dict[str, str] = {"ps": "m5.24xlarge", "reducers": "c5n.18xlarge"}
+_TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
+Precision = Literal["amp", "fp32"]
 
 
 class Workload(BaseModel):
@@ -42,14 +102,36 @@ class Workload(BaseModel):
     grad_bytes_per_param: int = Field(
         4, ge=1, le=8, description="4 for fp32 gradients, 2 with fp16 compression"
     )
+    val_images: int = Field(IMAGENET_VAL_IMAGES, ge=0, description="images of the one validation pass at the end")
+    dataset_bytes: int | None = Field(
+        None, ge=0, description="bytes staged from S3 before training; default: images x ImageNet's ~115 kB"
+    )
+    checkpoint_every_epoch: bool = True
 
     @property
     def grad_bytes(self) -> int:
         return self.param_count * self.grad_bytes_per_param
 
+    @property
+    def checkpoint_bytes(self) -> int:
+        """fp32 weights plus SGD momentum: what the trainer's checkpoint holds, to within the batch-norm buffers."""
+        return self.param_count * 8
+
+    @property
+    def staged_bytes(self) -> float:
+        if self.dataset_bytes is not None:
+            return float(self.dataset_bytes)
+        return (self.images_per_epoch + self.val_images) * BYTES_PER_IMAGE
+
+
+def imagenet(epochs: int = 90, *, fp16_allreduce: bool = False) -> Workload:
+    """ResNet-50 on ImageNet-1k at 224 px: seed 000's workload."""
+    return Workload(images_per_epoch=IMAGENET_TRAIN_IMAGES, epochs=epochs, dataset_bytes=IMAGENET_BYTES,
+                    grad_bytes_per_param=2 if fp16_allreduce else 4)
+
 
 class ModelConstants(BaseModel):
-    """The model's assumptions, in one place. Defaults are calibrated to seed 000 (see module doc)."""
+    """The model's assumptions, in one place. Defaults are calibrated to seeds 000 and 003 (see module doc)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -58,32 +140,83 @@ class ModelConstants(BaseModel):
     # EFA (libfabric SRD through aws-ofi-nccl) bypasses the kernel; 0.8 is an assumption, not a fit.
     network_efficiency_tcp: float = Field(0.70, gt=0, le=1)
     network_efficiency_efa: float = Field(0.80, gt=0, le=1)
-    # Per-hop latency (alpha) of a ring step across nodes, seconds.
+    # Per-hop latency (alpha) of a message across nodes, seconds.
     network_latency_tcp_s: float = Field(30e-6, ge=0)
     network_latency_efa_s: float = Field(15e-6, ge=0)
     # Fraction of ONE direction of the per-GPU interconnect a ring achieves (the catalog figure is
     # bidirectional, so the usable bandwidth is catalog / 2 * this), and its per-hop latency.
     interconnect_efficiency: float = Field(0.70, gt=0, le=1)
     interconnect_latency_s: float = Field(5e-6, ge=0)
-    # Backward propagation is ~2/3 of a training step's compute (it does ~2x the forward's FLOPs).
-    backward_share: float = Field(2 / 3, gt=0, le=1)
+    # Backward propagation is ~2/3 of a training step's compute (it does ~2x the forward's FLOPs); a
+    # validation image (forward only) therefore costs 1/3 of a training image.
+    backward_share: float = Field(2 / 3, gt=0, lt=1)
     # Communication can hide behind at most this fraction of backward. Calibrated: 0.2 turns seed
     # 000's ~84 ms of allreduce per step into ~36 ms exposed, i.e. 91% scaling. It is low because the
     # 2018 stack (Horovod 0.13, 64 MB fusion buffer, 5 ms cycle) issued most traffic late, and it
     # absorbs what the model does not itemise (stragglers, input pipeline, negotiation).
     overlap_fraction: float = Field(0.20, ge=0, le=1)
     # The CPU ceiling: images/s one vCPU decodes and augments (JPEG decode + RandomResizedCrop + flip of an
-    # ImageNet-size image with PIL). 250 is an assumption until bench/loader.py measures this project's
-    # loader; it binds only for models far cheaper than ResNet-50 at 224 px (p3.16xlarge: 64 vCPUs x 250
-    # = 16k img/s per node against the ~5k its GPUs need).
+    # ImageNet-size image with PIL). 250 is an assumption until bench/loader.py's figure is measured on an AWS
+    # instance; it binds only for models far cheaper than ResNet-50 at 224 px (p3.16xlarge: 64 vCPUs x 250
+    # = 16k img/s per node against the ~5.7k its GPUs need).
     loader_img_per_sec_per_vcpu: float = Field(250.0, gt=0)
+    # Parameter servers: what one server process gets through per second of incoming gradient when it sums
+    # the pushes and runs the optimizer update (ps-lite over ZMQ/TCP). FIT to seed 003: with it, one
+    # m5.24xlarge-class (25 Gbps) server for 8 x p3.16xlarge gives 38% scaling, as theirs did.
+    ps_server_bytes_per_sec: float = Field(4.0e9, gt=0)
+    # Reducers: gradient bytes one vCPU sums per second (AVX float adds, memory-bound; c5n.18xlarge: 72 x 0.5 =
+    # 36 GB/s, about a third of its memory bandwidth). An assumption; it binds only for small reducers.
+    reducer_sum_bytes_per_sec_per_vcpu: float = Field(0.5e9, gt=0)
+    # Fixed costs. Provisioning: billed time from instance launch to SSH-ready nodes (boot, EFA and driver
+    # checks) plus termination; an assumption. Staging: each node pulls its share of the data set from S3 at
+    # this fraction of min(its line rate, AWS's 100 Gbps EC2-to-S3 ceiling). Checkpoints: rank 0 writes
+    # weights + momentum to an EBS gp3 volume at its baseline 125 MiB/s while the other ranks wait; with
+    # that, seed 000's per-epoch time comes out at their 33 s.
+    provisioning_s: float = Field(300.0, ge=0)
+    s3_efficiency: float = Field(0.5, gt=0, le=1)
+    s3_max_gbps: float = Field(100.0, gt=0)
+    checkpoint_write_bytes_per_sec: float = Field(125 * 2**20, gt=0)
 
 
 DEFAULT_CONSTANTS = ModelConstants()
 
 
+class GpuThroughput(BaseModel):
+    """Single-GPU ResNet-50 training images/s and where the figure comes from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    img_per_sec: float = Field(gt=0)
+    source: str
+
+
+def resolve_gpu_throughput(instance: InstanceType, precision: Precision = "amp", *, override: float | None = None,
+                           measured: Mapping[str, GpuThroughput] | None = None) -> GpuThroughput:
+    """The per-GPU figure the model uses: ``override``, else this project's measurement, else the catalog's.
+
+    ``measured`` maps ``'GPU_MODEL/precision'`` (e.g. ``'V100/amp'``) to figures recorded from runs (see
+    :mod:`launcher.measured`). The catalog carries mixed-precision (``amp``) figures only.
+    """
+    if instance.gpus == 0 or instance.resnet50_img_per_sec_per_gpu is None:
+        raise ValueError(f"{instance.name} has no GPUs; training needs a GPU instance type")
+    if precision not in ("amp", "fp32"):
+        raise ValueError(f"unknown precision '{precision}'; choose one of: amp, fp32")
+    if override is not None:
+        if not (override > 0 and math.isfinite(override)):
+            raise ValueError(f"gpu_throughput must be a positive number of images/s, got {override}")
+        return GpuThroughput(img_per_sec=override, source="override (--gpu-throughput)")
+    key = f"{instance.gpu_model}/{precision}"
+    if measured and key in measured:
+        return measured[key]
+    if precision == "amp":
+        return GpuThroughput(img_per_sec=instance.resnet50_img_per_sec_per_gpu,
+                             source=f"catalog, {instance.gpu_model} mixed precision: {instance.throughput_source}")
+    raise ValueError(f"no {precision} ResNet-50 figure for {instance.gpu_model} (the catalog has mixed precision "
+                     f"only and none was measured); pass --gpu-throughput")
+
+
 class Estimate(BaseModel):
-    """The model's answer for one instance type and node count."""
+    """The model's answer for one cluster shape."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -91,33 +224,90 @@ class Estimate(BaseModel):
     nodes: int
     gpus_per_node: int
     total_gpus: int
+    strategy: Strategy
+    tier_type: str | None = Field(description="instance type of the reducers or parameter servers; None for horovod")
+    tier_nodes: int
     batch_per_gpu: int
     gpu_images_per_sec: float = Field(
-        description="per-GPU throughput used: catalog or override, divided by flops_ratio"
+        description="per-GPU throughput used: catalog, measured or override, divided by flops_ratio"
     )
+    throughput_source: str
     compute_time_s: float
     intra_node_comm_s: float
     inter_node_comm_s: float
-    comm_time_s: float = Field(description="whole allreduce per step, before overlap")
+    comm_time_s: float = Field(description="whole gradient reduction per step, before overlap")
     exposed_comm_time_s: float = Field(description="the part of comm_time_s backward could not hide")
+    comm_limited_by: str = Field(description="the link or processor that sets inter_node_comm_s")
+    network_bytes_per_node: float = Field(description="bytes each worker node sends (and receives) per step")
     step_time_s: float
     images_per_sec: float
     scaling_efficiency: float
     bottleneck: str = Field(description="what bounds the step: GPU compute, communication or data loading (CPU)")
-    time_to_train_s: float
-    price_usd_per_hour: float
+    epoch_time_s: float = Field(description="one epoch's steps plus its checkpoint")
+    checkpoint_s: float = Field(description="per epoch")
+    validation_s: float
+    training_s: float = Field(description="all epochs with their checkpoints, and the final validation")
+    provisioning_s: float
+    staging_s: float
+    time_to_train_s: float = Field(description="provisioning + staging + training: the billed wall time")
+    market: str
+    price_usd_per_hour: float = Field(description="one worker node")
     price_date: dt.date
     price_source: str
+    tier_price_usd_per_hour: float | None
+    tier_price_date: dt.date | None
+    cluster_usd_per_hour: float
     cost_usd: float
+    cost_per_epoch_usd: float
     assumptions: list[str]
 
+    @property
+    def shape(self) -> str:
+        """'8 x p3.16xlarge' or '8 x p3.16xlarge + 16 x m5.24xlarge parameter servers'."""
+        base = f"{self.nodes} x {self.instance_type}"
+        if self.tier_type:
+            base += f" + {self.tier_nodes} x {self.tier_type} {_TIER_NOUN[self.strategy]}s"
+        return base
+
+    @property
+    def limited_by(self) -> str:
+        """What a step waits on, for a table: 'GPU compute', or how much of it waits on which link."""
+        if self.bottleneck == "data loading (CPU)" or self.exposed_comm_time_s <= 0:
+            return self.bottleneck
+        return f"{self.exposed_comm_time_s / self.step_time_s:.0%} of each step waits on {self.comm_limited_by}"
+
     def summary(self) -> str:
-        """One line for a report: '8 x p3.16xlarge: 41,417 img/s (91% scaling), 56 min, $184 (...)'."""
+        """One line: '8 x p3.16xlarge (Horovod ring allreduce, on-demand): 41,417 img/s (91% scaling), ...'."""
         return (
-            f"{self.nodes} x {self.instance_type}: {self.images_per_sec:,.0f} img/s "
-            f"({self.scaling_efficiency:.0%} scaling), {self.time_to_train_s / 60:,.0f} min, "
-            f"${self.cost_usd:,.0f} (on-demand ${self.price_usd_per_hour:g}/h as of {self.price_date})"
+            f"{self.shape} ({STRATEGY_LABELS[self.strategy]}, {self.market}): "
+            f"{self.images_per_sec:,.0f} img/s ({self.scaling_efficiency:.0%} scaling), "
+            f"{self.time_to_train_s / 60:,.0f} min, ${self.cost_usd:,.0f} "
+            f"(${self.cluster_usd_per_hour:,.2f}/h, prices as of {self.price_date})"
         )
+
+
+def model_notes(c: ModelConstants = DEFAULT_CONSTANTS) -> list[str]:
+    """The model's assumptions as sentences, for a report that covers many shapes."""
+    return [
+        "per-GPU ResNet-50 throughput: the catalog's published mixed-precision figure per GPU model (with its "
+        "source), replaced by this project's measurement when one is recorded, or by --gpu-throughput",
+        f"Horovod: hierarchical ring allreduce; intra-node at {c.interconnect_efficiency:.0%} of one direction of "
+        f"the GPU interconnect; inter-node at {c.network_efficiency_tcp:.0%} of line rate over TCP "
+        f"({c.network_latency_tcp_s * 1e6:g} us per hop) or {c.network_efficiency_efa:.0%} over EFA "
+        f"({c.network_latency_efa_s * 1e6:g} us per hop)",
+        f"reducer tier: each worker node sends and receives the gradient once; the slowest of worker link, reducer "
+        f"link and reducer CPUs ({c.reducer_sum_bytes_per_sec_per_vcpu / 1e9:g} GB/s per vCPU) sets the time; EFA "
+        f"only when workers and reducers both have it",
+        f"parameter servers: store-and-forward over TCP, so worker link + server link + server work "
+        f"({c.ps_server_bytes_per_sec / 1e9:g} GB/s per server, fitted to seed 003's 38% with one server)",
+        f"backward is {c.backward_share:.2f} of a step's compute; communication hides behind at most "
+        f"{c.overlap_fraction:.0%} of it (fitted to seed 000's 90%)",
+        f"data loading: at most {c.loader_img_per_sec_per_vcpu:g} images/s per vCPU",
+        f"fixed costs: {c.provisioning_s:g} s provisioning; the data set staged from S3 at {c.s3_efficiency:.0%} of "
+        f"min(line rate, {c.s3_max_gbps:g} Gbps) per node; a checkpoint (weights + momentum) every epoch at "
+        f"{c.checkpoint_write_bytes_per_sec / 2**20:g} MiB/s; one validation pass at 1/(1 - backward share) of the "
+        f"training rate",
+    ]
 
 
 def _ring_time(nbytes: float, members: int, bytes_per_sec: float, alpha_s: float) -> float:
@@ -127,51 +317,115 @@ def _ring_time(nbytes: float, members: int, bytes_per_sec: float, alpha_s: float
     return 2 * (members - 1) / members * nbytes / bytes_per_sec + alpha_s * 2 * (members - 1)
 
 
+def default_tier_nodes(strategy: str, nodes: int) -> int:
+    """Seed 003's 2 parameter servers per worker; seed 004's one reducer per worker; none for horovod."""
+    return {"ps": 2 * nodes, "reducers": nodes}.get(strategy, 0)
+
+
+def _fabric(efa: bool, c: ModelConstants) -> tuple[float, float, str]:
+    if efa:
+        return c.network_efficiency_efa, c.network_latency_efa_s, "EFA"
+    return c.network_efficiency_tcp, c.network_latency_tcp_s, "TCP"
+
+
 def estimate(
     instance: InstanceType,
     nodes: int,
     workload: Workload,
     *,
+    strategy: str = "horovod",
+    tier: InstanceType | None = None,
+    tier_nodes: int | None = None,
     gpu_throughput: float | None = None,
+    precision: Precision = "amp",
+    measured: Mapping[str, GpuThroughput] | None = None,
     batch_per_gpu: int = 256,
-    fixed_overhead_s: float = 600.0,
+    price: PriceQuote | None = None,
+    tier_price: PriceQuote | None = None,
     constants: ModelConstants = DEFAULT_CONSTANTS,
 ) -> Estimate:
-    """Throughput, time and on-demand cost of training ``workload`` on ``nodes`` x ``instance``.
+    """Throughput, time and cost of training ``workload`` on ``nodes`` x ``instance`` with ``strategy``.
 
-    ``gpu_throughput`` overrides the catalog's single-GPU ResNet-50 images/s (before ``flops_ratio``).
-    ``fixed_overhead_s`` is paid once per run (start-up, data staging, final checkpoint).
+    ``tier``/``tier_nodes``: the reducers' or parameter servers' type and count (defaults: :data:`DEFAULT_TIER_TYPE`,
+    :func:`default_tier_nodes`). ``gpu_throughput`` overrides the single-GPU ResNet-50 images/s (before
+    ``flops_ratio``). ``price``/``tier_price`` default to the catalog's on-demand quotes. Bad arguments raise
+    ``ValueError`` with a one-line message.
     """
-    if instance.gpus == 0 or instance.resnet50_img_per_sec_per_gpu is None:
-        raise ValueError(f"{instance.name} has no GPUs; training needs a GPU instance type")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy '{strategy}'; choose one of: {', '.join(STRATEGIES)}")
+    throughput = resolve_gpu_throughput(instance, precision, override=gpu_throughput, measured=measured)
     if nodes < 1:
         raise ValueError(f"nodes must be at least 1, got {nodes}")
     if batch_per_gpu < 1:
         raise ValueError(f"batch_per_gpu must be at least 1, got {batch_per_gpu}")
-    if gpu_throughput is not None and not (gpu_throughput > 0 and math.isfinite(gpu_throughput)):
-        raise ValueError(f"gpu_throughput must be a positive number of images/s, got {gpu_throughput}")
-    if not (fixed_overhead_s >= 0 and math.isfinite(fixed_overhead_s)):
-        raise ValueError(f"fixed_overhead_s must be zero or more seconds, got {fixed_overhead_s}")
+    if strategy == "horovod":
+        if tier is not None or tier_nodes:
+            raise ValueError("the horovod strategy has no reducer or server nodes; use --strategy reducers or ps")
+        tier_nodes = 0
+    else:
+        tier = tier or get(DEFAULT_TIER_TYPE[strategy])
+        tier_nodes = default_tier_nodes(strategy, nodes) if tier_nodes is None else tier_nodes
+        if tier.gpus:
+            raise ValueError(f"{STRATEGY_LABELS[strategy]} run on CPU instance types; {tier.name} has GPUs")
+        if tier_nodes < 1:
+            raise ValueError(f"the {strategy} strategy needs at least 1 {_TIER_NOUN[strategy]} node, got {tier_nodes}")
+    price = price or catalog_quote(instance)
+    if price.instance_type != instance.name:
+        raise ValueError(f"price is for {price.instance_type}, not {instance.name}")
+    if tier is not None:
+        tier_price = tier_price or catalog_quote(tier)
+        if tier_price.instance_type != tier.name:
+            raise ValueError(f"tier price is for {tier_price.instance_type}, not {tier.name}")
+        if tier_price.market != price.market:
+            raise ValueError(f"workers are priced {price.market} but the tier {tier_price.market}; price both alike")
 
     c = constants
-    base_throughput = gpu_throughput if gpu_throughput is not None else instance.resnet50_img_per_sec_per_gpu
-    per_gpu = base_throughput / workload.flops_ratio
+    per_gpu = throughput.img_per_sec / workload.flops_ratio
     gpus = instance.gpus
     total_gpus = nodes * gpus
-
     compute_s = batch_per_gpu / per_gpu
     backward_s = c.backward_share * compute_s
+    grad = workload.grad_bytes
 
-    grad_bytes = workload.grad_bytes
     intra_bytes_per_sec = instance.gpu_interconnect_gbps * 1e9 / 2 * c.interconnect_efficiency
-    intra_s = _ring_time(grad_bytes, gpus, intra_bytes_per_sec, c.interconnect_latency_s)
-    if instance.has_efa:
-        net_eff, alpha, fabric = c.network_efficiency_efa, c.network_latency_efa_s, "EFA"
+    intra_s = _ring_time(grad, gpus, intra_bytes_per_sec, c.interconnect_latency_s)
+    worker_bw = instance.network_bytes_per_sec
+    if strategy == "horovod":
+        eff, alpha, fabric = _fabric(instance.has_efa, c)
+        # After the intra-node reduce-scatter each GPU owns 1/gpus of the gradients and rings it across
+        # nodes, so the node's network carries 2(n-1)/n of the whole gradient each step.
+        inter_s = _ring_time(grad, nodes, worker_bw * eff, alpha)
+        per_node_bytes = 2 * (nodes - 1) / nodes * grad
+        limited_by = f"worker network ({fabric})" if nodes > 1 else "nothing (one node)"
+        comm_note = (f"hierarchical ring allreduce: inter-node ring over {instance.network_gbps:g} Gbps {fabric} at "
+                     f"{eff:.0%} of line rate, {alpha * 1e6:g} us per hop")
     else:
-        net_eff, alpha, fabric = c.network_efficiency_tcp, c.network_latency_tcp_s, "TCP (no EFA)"
-    # After the intra-node reduce-scatter each GPU owns 1/gpus of the gradients and rings it across
-    # nodes, so the node's network carries 2(n-1)/n of the whole gradient each step.
-    inter_s = _ring_time(grad_bytes, nodes, instance.network_bytes_per_sec * net_eff, alpha)
+        assert tier is not None
+        if strategy == "reducers":
+            eff, alpha, fabric = _fabric(instance.has_efa and tier.has_efa, c)
+            stages = {
+                f"worker links ({fabric})": grad / (worker_bw * eff),
+                f"reducer links ({fabric})": nodes * grad / (tier_nodes * tier.network_bytes_per_sec * eff),
+                "reducer CPUs": nodes * grad / (tier_nodes * tier.vcpus * c.reducer_sum_bytes_per_sec_per_vcpu),
+            }
+            limited_by = max(stages, key=stages.__getitem__)
+            inter_s = stages[limited_by] + 2 * alpha
+            comm_note = (f"reducer tier: {tier_nodes} x {tier.name}; each worker node sends and receives the gradient "
+                         f"once over {fabric} at {eff:.0%}, pipelined (slowest of worker link, reducer link, "
+                         f"reducer CPUs at {c.reducer_sum_bytes_per_sec_per_vcpu / 1e9:g} GB/s per vCPU), 2 hops")
+        else:
+            eff, alpha, fabric = _fabric(False, c)  # ps-lite speaks TCP (ZMQ), EFA or not
+            stages = {
+                "worker links (TCP)": grad / (worker_bw * eff),
+                "server links (TCP)": nodes * grad / (tier_nodes * tier.network_bytes_per_sec * eff),
+                "server work": nodes * grad / (tier_nodes * c.ps_server_bytes_per_sec),
+            }
+            limited_by = max(stages, key=stages.__getitem__)
+            inter_s = sum(stages.values()) + 2 * alpha
+            comm_note = (f"parameter servers: {tier_nodes} x {tier.name} for {nodes} workers; push, sum + update "
+                         f"({c.ps_server_bytes_per_sec / 1e9:g} GB/s per server) and pull are store-and-forward over "
+                         f"TCP at {eff:.0%}, so worker link, server link and server work add")
+        per_node_bytes = float(grad)
     comm_s = intra_s + inter_s
     exposed_s = max(0.0, comm_s - c.overlap_fraction * backward_s)
 
@@ -180,51 +434,83 @@ def estimate(
     images_per_sec = total_gpus * batch_per_gpu / step_s
     bottleneck = "communication" if exposed_s > compute_s else "GPU compute"
     if images_per_sec > loader_ceiling:
-        images_per_sec, step_s, bottleneck = loader_ceiling, total_gpus * batch_per_gpu / loader_ceiling, \
-            "data loading (CPU)"
+        images_per_sec, step_s, bottleneck = (loader_ceiling, total_gpus * batch_per_gpu / loader_ceiling,
+                                              "data loading (CPU)")
     efficiency = images_per_sec / (total_gpus * per_gpu)
-    train_s = workload.epochs * workload.images_per_epoch / images_per_sec
-    time_to_train_s = train_s + fixed_overhead_s
-    cost = nodes * instance.price_usd_per_hour * time_to_train_s / 3600
 
-    source = "override" if gpu_throughput is not None else f"catalog, {instance.gpu_model}"
+    checkpoint_s = workload.checkpoint_bytes / c.checkpoint_write_bytes_per_sec if workload.checkpoint_every_epoch \
+        else 0.0
+    eval_rate = min(total_gpus * per_gpu / (1 - c.backward_share), loader_ceiling)
+    validation_s = workload.val_images / eval_rate
+    epoch_s = workload.images_per_epoch / images_per_sec + checkpoint_s
+    training_s = workload.epochs * epoch_s + validation_s
+    s3_rate = min(worker_bw, c.s3_max_gbps * 1e9 / 8) * c.s3_efficiency
+    staging_s = workload.staged_bytes / (nodes * s3_rate)
+    time_to_train_s = c.provisioning_s + staging_s + training_s
+
+    tier_hourly = tier_price.usd_per_hour if tier_price is not None and tier is not None else 0.0
+    cluster_hourly = nodes * price.usd_per_hour + tier_nodes * tier_hourly
+
     assumptions = [
-        f"per-GPU throughput {base_throughput:,.0f} img/s ({source}) / flops_ratio {workload.flops_ratio:g}"
-        f" = {per_gpu:,.0f} img/s at batch {batch_per_gpu}",
-        f"gradients {grad_bytes / 1e6:,.1f} MB per step ({workload.param_count:,} params x "
-        f"{workload.grad_bytes_per_param} B), hierarchical ring allreduce",
+        f"per-GPU throughput {throughput.img_per_sec:,.0f} img/s ({throughput.source.split(':')[0]}) / flops_ratio "
+        f"{workload.flops_ratio:g} = {per_gpu:,.0f} img/s at batch {batch_per_gpu}",
+        f"gradients {grad / 1e6:,.1f} MB per step ({workload.param_count:,} params x "
+        f"{workload.grad_bytes_per_param} B{', fp16 compression' if workload.grad_bytes_per_param == 2 else ''})",
         f"intra-node ring over {instance.gpu_interconnect_gbps:g} GB/s per GPU (bidirectional), "
         f"{c.interconnect_efficiency:.0%} of one direction",
-        f"inter-node ring over {instance.network_gbps:g} Gbps {fabric} at {net_eff:.0%} of line rate, "
-        f"{alpha * 1e6:g} us per hop",
+        comm_note,
         f"backward = {c.backward_share:.2f} of compute; communication hides behind at most "
         f"{c.overlap_fraction:.0%} of backward",
         f"data loading at most {c.loader_img_per_sec_per_vcpu:g} img/s per vCPU x {instance.vcpus} vCPUs "
         f"per node; bound by {bottleneck}",
-        f"fixed overhead {fixed_overhead_s:g} s per run",
-        f"us-east-1 Linux on-demand ${instance.price_usd_per_hour:g}/h as of {instance.price_date}",
+        f"fixed costs: provisioning {c.provisioning_s:g} s; staging {workload.staged_bytes / 1e9:,.1f} GB from S3 at "
+        f"{c.s3_efficiency:.0%} of min(line rate, {c.s3_max_gbps:g} Gbps) per node; a "
+        f"{workload.checkpoint_bytes / 1e6:,.0f} MB checkpoint per epoch at "
+        f"{c.checkpoint_write_bytes_per_sec / 2**20:g} MiB/s; one validation pass over {workload.val_images:,} images",
+        f"{price.region} Linux {price.label()} per {instance.name}"
+        + (f"; {tier_price.label()} per {tier.name}" if tier is not None and tier_price is not None else ""),
     ]
+    if price.market == "spot":
+        assumptions.append("spot: no interruption assumed; a reclaimed node costs the time back to the last epoch "
+                           "checkpoint (`launch train --resume`) plus re-provisioning, which this figure leaves out")
     return Estimate(
         instance_type=instance.name,
         nodes=nodes,
         gpus_per_node=gpus,
         total_gpus=total_gpus,
+        strategy=strategy,  # type: ignore[arg-type]
+        tier_type=tier.name if tier is not None else None,
+        tier_nodes=tier_nodes,
         batch_per_gpu=batch_per_gpu,
         gpu_images_per_sec=per_gpu,
+        throughput_source=throughput.source,
         compute_time_s=compute_s,
         intra_node_comm_s=intra_s,
         inter_node_comm_s=inter_s,
         comm_time_s=comm_s,
         exposed_comm_time_s=exposed_s,
+        comm_limited_by=limited_by,
+        network_bytes_per_node=per_node_bytes,
         step_time_s=step_s,
         images_per_sec=images_per_sec,
         scaling_efficiency=efficiency,
         bottleneck=bottleneck,
+        epoch_time_s=epoch_s,
+        checkpoint_s=checkpoint_s,
+        validation_s=validation_s,
+        training_s=training_s,
+        provisioning_s=c.provisioning_s,
+        staging_s=staging_s,
         time_to_train_s=time_to_train_s,
-        price_usd_per_hour=instance.price_usd_per_hour,
-        price_date=instance.price_date,
-        price_source=instance.price_source,
-        cost_usd=cost,
+        market=price.market,
+        price_usd_per_hour=price.usd_per_hour,
+        price_date=price.date,
+        price_source=price.source,
+        tier_price_usd_per_hour=tier_price.usd_per_hour if tier is not None and tier_price is not None else None,
+        tier_price_date=tier_price.date if tier is not None and tier_price is not None else None,
+        cluster_usd_per_hour=cluster_hourly,
+        cost_usd=cluster_hourly * time_to_train_s / 3600,
+        cost_per_epoch_usd=cluster_hourly * epoch_s / 3600,
         assumptions=assumptions,
     )
 
@@ -235,14 +521,83 @@ def compare(
     workload: Workload,
     *,
     batch_per_gpu: int = 256,
-    fixed_overhead_s: float = 600.0,
+    constants: ModelConstants = DEFAULT_CONSTANTS,
 ) -> list[Estimate]:
-    """One catalog-throughput estimate per named instance type, in the order given.
+    """One catalog-throughput, on-demand, Horovod estimate per named instance type, in the order given.
 
-    For the "what would this cost on AWS" line after a local run. Unknown names raise
+    For the "what would this cost on AWS" table after a local run. Unknown names raise
     :class:`infra.catalog.UnknownInstanceType`; CPU-only types raise ``ValueError``.
     """
-    return [
-        estimate(get(name), nodes, workload, batch_per_gpu=batch_per_gpu, fixed_overhead_s=fixed_overhead_s)
-        for name in instances
-    ]
+    return [estimate(get(name), nodes, workload, batch_per_gpu=batch_per_gpu, constants=constants)
+            for name in instances]
+
+
+# --- After a run: measured against predicted ------------------------------------------------------------
+
+
+class RunCheck(BaseModel):
+    """A finished run's measured throughput, loop time and cost beside the model's prediction for the same shape.
+
+    The comparison covers the training loop (the trainer's ``time_s`` over ``images`` trained): provisioning,
+    staging, checkpoints and validation are not in it, so the predicted time is ``images / images_per_sec``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    predicted: Estimate
+    images: int = Field(gt=0, description="images the run trained (all ranks, all epochs it ran)")
+    measured_images_per_sec: float
+    measured_steady_images_per_sec: float | None = Field(description="without the first logging window, if known")
+    measured_loop_s: float
+
+    @property
+    def predicted_loop_s(self) -> float:
+        return self.images / self.predicted.images_per_sec
+
+    def cost(self, seconds: float) -> float:
+        return self.predicted.cluster_usd_per_hour * seconds / 3600
+
+    @property
+    def rows(self) -> list[tuple[str, str, str, float]]:
+        """(what, measured, predicted, relative error of measured against predicted)."""
+        p = self.predicted
+        rows = [("throughput", f"{self.measured_images_per_sec:,.0f} img/s", f"{p.images_per_sec:,.0f} img/s",
+                 _off(self.measured_images_per_sec, p.images_per_sec))]
+        if self.measured_steady_images_per_sec:
+            rows.append(("steady throughput", f"{self.measured_steady_images_per_sec:,.0f} img/s",
+                         f"{p.images_per_sec:,.0f} img/s", _off(self.measured_steady_images_per_sec, p.images_per_sec)))
+        rows += [
+            (f"time for {self.images:,} images", _duration(self.measured_loop_s), _duration(self.predicted_loop_s),
+             _off(self.measured_loop_s, self.predicted_loop_s)),
+            (f"cost at ${p.cluster_usd_per_hour:,.2f}/h", f"${self.cost(self.measured_loop_s):,.2f}",
+             f"${self.cost(self.predicted_loop_s):,.2f}", _off(self.measured_loop_s, self.predicted_loop_s)),
+        ]
+        return rows
+
+    def verdict(self) -> str:
+        """One line: how far off the model was on throughput, the figure time and cost follow from."""
+        off = _off(self.measured_images_per_sec, self.predicted.images_per_sec)
+        if abs(off) < 0.005:
+            return f"measured throughput matched the model's prediction for {self.predicted.shape} (within 0.5%)"
+        direction = "above" if off > 0 else "below"
+        time_off = _off(self.measured_loop_s, self.predicted_loop_s)
+        return (f"measured throughput was {abs(off):.1%} {direction} the model's prediction for "
+                f"{self.predicted.shape}; time and cost were off by {time_off:+.1%}")
+
+
+def _off(measured: float, predicted: float) -> float:
+    return (measured - predicted) / predicted if predicted else math.inf
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:,.1f} s" if seconds < 120 else f"{seconds / 60:,.1f} min"
+
+
+def check_run(predicted: Estimate, *, images: int, images_per_sec: float, loop_s: float,
+              steady_images_per_sec: float | None = None) -> RunCheck:
+    """Compare a run's measured training loop with ``predicted``, the estimate for the shape that ran."""
+    if not (images > 0 and images_per_sec > 0 and loop_s > 0):
+        raise ValueError(f"a run check needs positive measured images, images/s and time; got {images}, "
+                         f"{images_per_sec}, {loop_s}")
+    return RunCheck(predicted=predicted, images=images, measured_images_per_sec=images_per_sec,
+                    measured_steady_images_per_sec=steady_images_per_sec, measured_loop_s=loop_s)

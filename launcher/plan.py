@@ -78,3 +78,29 @@ def mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_p
 
 def command_line(argv: list[str]) -> str:
     return shlex.join(argv)
+
+
+def fabric_mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_path: str, *,
+                       fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
+    """:func:`mpirun_argv` on a fabric: each of ``mca`` replaces the setting of that name (or is added), and
+    ``fabric_env`` (EFA / NCCL variables, see launcher.efa) is forwarded with ``-x`` after the ranks' own env."""
+    argv = mpirun_argv(cluster, nodes, spec, hostfile_path)
+    trainer = trainer_argv(cluster.python, spec)
+    head = argv[:len(argv) - len(trainer)]
+    pending = dict(mca)
+    out: list[str] = []
+    i = 0
+    while i < len(head):
+        if head[i] == "--mca" and head[i + 1] in pending:
+            out += ["--mca", head[i + 1], pending.pop(head[i + 1])]
+            i += 3
+            continue
+        if head[i] == "-x" and pending:  # new MCA settings go after the existing ones, before the env
+            out += [arg for key, value in pending.items() for arg in ("--mca", key, value)]
+            pending.clear()
+        out.append(head[i])
+        i += 1
+    out += [arg for key, value in pending.items() for arg in ("--mca", key, value)]
+    for key, value in sorted(fabric_env.items()):
+        out += ["-x", f"{key}={value}"]
+    return out + trainer

@@ -1,0 +1,96 @@
+"""The shell around the cost model for `launch plan`, `launch cost` and the run report: option parsing, the price
+cache, AWS price refreshes and recorded measurements. It decides nothing; the model and the report are pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from infra.catalog import InstanceType, UnknownInstanceType, get
+from launcher import cluster as clusters
+from launcher import measured, pricing
+from launcher.cluster import Cluster, Node, state_root
+from launcher.costmodel import DEFAULT_CONSTANTS, GpuThroughput, ModelConstants
+from launcher.errors import LaunchError
+
+T = TypeVar("T")
+
+__all__ = ["cluster_of", "instance", "load_measured", "model_constants", "parse_list", "price_book"]
+
+
+def instance(name: str) -> InstanceType:
+    try:
+        return get(name)
+    except UnknownInstanceType as e:
+        raise LaunchError(str(e)) from None
+
+
+def parse_list(text: str, option: str, cast: Callable[[str], T] = str) -> tuple[T, ...]:  # type: ignore[assignment]
+    """'1,2, 4' -> (1, 2, 4); duplicates dropped, order kept; a bad item is a one-line LaunchError."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise LaunchError(f"{option} needs a comma-separated list, got '{text}'")
+    out: list[T] = []
+    for item in items:
+        try:
+            value = cast(item)
+        except ValueError:
+            raise LaunchError(f"{option}: '{item}' is not a valid item (expected a comma-separated list of "
+                              f"{getattr(cast, '__name__', 'values')})") from None
+        if value not in out:
+            out.append(value)
+    return tuple(out)
+
+
+def load_measured() -> tuple[dict[str, GpuThroughput], str | None]:
+    return measured.load(measured.path(state_root()))
+
+
+def model_constants() -> tuple[ModelConstants, str | None]:
+    """The model's constants, with the loader's CPU ceiling replaced by a recorded measurement when there is one."""
+    loader, note = measured.load_loader(measured.loader_path(state_root()))
+    if loader is None:
+        return DEFAULT_CONSTANTS, note
+    return DEFAULT_CONSTANTS.model_copy(update={"loader_img_per_sec_per_vcpu": loader.img_per_sec}), note
+
+
+def price_book(instances: Iterable[InstanceType], markets: Iterable[str], *, refresh: bool) -> pricing.PriceBook:
+    """Catalog prices, newer cached AWS quotes over them, and with ``refresh`` a fetch from AWS first.
+
+    A failed fetch is a note in the book (the report states it), never an error: the catalog and its dates stand.
+    """
+    instances = list(dict.fromkeys(instances))
+    names = [i.name for i in instances]
+    markets = list(dict.fromkeys(markets))
+    path = pricing.cache_path(state_root())
+    notes: list[str] = []
+    fetched: list[pricing.PriceQuote] = []
+    if refresh:
+        fetched, problems = pricing.refresh(names, markets)  # type: ignore[arg-type]
+        notes += problems
+        if fetched:
+            try:
+                pricing.save_cache(path, fetched)
+            except OSError as e:
+                notes.append(f"could not write the price cache {path} ({e.strerror or e})")
+        if "on-demand" in markets and not any(q.market == "on-demand" for q in fetched):
+            dated = ", ".join(f"{i.name} {i.price_date}" for i in instances)
+            notes.append(f"using the offline catalog's on-demand prices ({dated})")
+    cached, note = pricing.load_cache(path)
+    if note:
+        notes.append(note)
+    return pricing.price_book(instances, pricing.merge_quotes(cached, fetched), notes)
+
+
+def cluster_of(nodes: list[Node]) -> Cluster | None:
+    """The saved cluster these nodes belong to (the run report is handed nodes, not the cluster), or None."""
+    if not nodes:
+        return None
+    for name in clusters.known_names():
+        try:
+            c = clusters.load(name)
+        except LaunchError:
+            continue
+        if nodes[0] in c.nodes:
+            return c
+    return None

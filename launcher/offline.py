@@ -1,0 +1,126 @@
+"""`launch plan` from a spec alone: the plan for a cluster shape that does not exist yet, and its estimate.
+
+The hostfile and mpirun line come from launcher.plan's pure functions over a hypothetical :class:`Cluster` of
+that shape (slots = the catalog's GPUs, nodes named node0..N-1 and reducer0..K-1 as placeholders for the addresses
+discovery will find); the EFA devices and environment from launcher.efa; the learning-rate schedule from
+training.schedule (pure, no torch); the estimate from launcher.costmodel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from infra.catalog import InstanceType, get
+from launcher import efa, plan
+from launcher.cluster import Cluster, Node
+from launcher.costmodel import (
+    DEFAULT_CONSTANTS,
+    Estimate,
+    GpuThroughput,
+    ModelConstants,
+    Precision,
+    Workload,
+    estimate,
+)
+from launcher.pricing import PriceQuote
+from training.schedule import peak_lr, schedule_by_epoch
+
+__all__ = ["PLACEHOLDERS", "hypothetical_cluster", "plan_document", "steps_per_epoch"]
+
+# What an offline plan cannot know yet; discovery of a deployed stack replaces these.
+PLACEHOLDERS = {
+    "user": "ubuntu",
+    "python": "/opt/scaletrain/.venv/bin/python",
+    "ssh_config": "/home/ubuntu/.scaletrain/clusters/plan/ssh_config",
+    "known_hosts": "/home/ubuntu/.scaletrain/clusters/plan/known_hosts",
+    "data": "/shared/imagenet/shards",
+    "output": "/shared/runs/plan",
+}
+
+
+def hypothetical_cluster(instance: InstanceType, nodes: int, *, tier: InstanceType | None = None,
+                         tier_nodes: int = 0) -> Cluster:
+    """An AWS cluster of this shape: workers with one slot per GPU, then the CPU tier's nodes (no slots)."""
+    workers = [Node(name=f"node{i}", address=f"node{i}", role="worker", slots=instance.gpus, cpus=instance.vcpus,
+                    gpus=instance.gpus, workdir="/home/ubuntu/scaletrain") for i in range(nodes)]
+    reducers = [Node(name=f"reducer{i}", address=f"reducer{i}", role="reducer", slots=0, cpus=tier.vcpus,
+                     workdir="/home/ubuntu/scaletrain") for i in range(tier_nodes if tier is not None else 0)]
+    return Cluster(name="plan", backend="aws", nodes=workers + reducers, user=PLACEHOLDERS["user"],
+                   ssh_config=PLACEHOLDERS["ssh_config"], known_hosts=PLACEHOLDERS["known_hosts"],
+                   python=PLACEHOLDERS["python"], instance_type=instance.name)
+
+
+def steps_per_epoch(images: int, ranks: int, batch_per_gpu: int) -> int:
+    """Full batches each rank makes from an even share of the epoch's images (the trainer drops the rest)."""
+    steps = images // ranks // batch_per_gpu
+    if steps < 1:
+        raise ValueError(f"{images:,} images over {ranks} ranks is {images // ranks:,} per rank, fewer than one "
+                         f"batch of {batch_per_gpu}; use fewer nodes or a smaller --batch-per-gpu")
+    return steps
+
+
+def plan_document(
+    instance: InstanceType,
+    nodes: int,
+    workload: Workload,
+    *,
+    strategy: str = "horovod",
+    tier: InstanceType | None = None,
+    tier_nodes: int | None = None,
+    batch_per_gpu: int = 256,
+    warmup_epochs: float = 10.0,
+    gpu_throughput: float | None = None,
+    precision: Precision = "amp",
+    measured: Mapping[str, GpuThroughput] | None = None,
+    price: PriceQuote | None = None,
+    tier_price: PriceQuote | None = None,
+    versions: efa.SoftwareVersions | None = None,
+    constants: ModelConstants = DEFAULT_CONSTANTS,
+) -> dict[str, Any]:
+    """Everything `launch plan --json` prints, as one JSON-ready object."""
+    est: Estimate = estimate(instance, nodes, workload, strategy=strategy, tier=tier, tier_nodes=tier_nodes,
+                             gpu_throughput=gpu_throughput, precision=precision, measured=measured,
+                             batch_per_gpu=batch_per_gpu, price=price, tier_price=tier_price, constants=constants)
+    if warmup_epochs < 0:
+        raise ValueError(f"warmup_epochs must be zero or more, got {warmup_epochs}")
+    tier_instance = get(est.tier_type) if est.tier_type else None
+    cluster = hypothetical_cluster(instance, nodes, tier=tier_instance, tier_nodes=est.tier_nodes)
+    workers = cluster.workers
+    spec = plan.TrainSpec(data=PLACEHOLDERS["data"], output=PLACEHOLDERS["output"], epochs=workload.epochs,
+                          batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs)
+    fabric = efa.fabric_env(instance, versions)
+    argv = plan.fabric_mpirun_argv(cluster, workers, spec, f"{spec.output}/hostfile", fabric_env=fabric,
+                                   mca=efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface))
+    ranks = sum(n.slots for n in workers)
+    global_batch = ranks * batch_per_gpu
+    steps = steps_per_epoch(workload.images_per_epoch, ranks, batch_per_gpu)
+    schedule = schedule_by_epoch(steps, workload.epochs, peak_lr(global_batch), warmup_epochs)
+    return {
+        "shape": {"instance_type": instance.name, "nodes": nodes, "gpus_per_node": instance.gpus, "ranks": ranks,
+                  "strategy": est.strategy, "reducer_type": est.tier_type, "reducers": est.tier_nodes,
+                  "market": est.market, "efa": instance.has_efa},
+        "hostfile": plan.hostfile(workers),
+        "mpirun": argv,
+        "env": {**plan.rank_env(cluster, workers), **fabric},
+        "efa_devices": efa.efa_devices(instance, [n.name for n in workers]),
+        "reducer_nodes": [n.name for n in cluster.reducers],
+        "global_batch": global_batch,
+        "steps_per_epoch": steps,
+        "lr_schedule": [[epoch, lr] for epoch, lr in schedule],
+        "estimate": est.model_dump(mode="json"),
+        "placeholders": dict(PLACEHOLDERS),
+        "notes": _notes(est),
+    }
+
+
+def _notes(est: Estimate) -> list[str]:
+    notes = ["node names and paths are placeholders until the stack is deployed and discovered"]
+    if est.strategy == "reducers":
+        notes.append("the estimate models the reducer tier; the trainer's engines today are Horovod and DDP, so "
+                     "`launch train` reduces with the ring until a reducer engine exists")
+    elif est.strategy == "ps":
+        notes.append("parameter servers are modelled for comparison (seed 003); the trainer has no "
+                     "parameter-server engine")
+    return notes
+

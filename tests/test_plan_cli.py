@@ -1,0 +1,206 @@
+"""`launch plan`: the offline plan for a cluster shape (golden per family), its EFA env and devices, the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from golden import assert_golden
+
+from infra.catalog import get
+from launcher import cli, efa, offline, plan
+from launcher.costmodel import imagenet
+from launcher.efa import SoftwareVersions
+
+FAMILIES = ["p3.16xlarge", "p3dn.24xlarge", "p4d.24xlarge", "p5.48xlarge"]
+CONTRACT = {"hostfile", "mpirun", "env", "efa_devices", "lr_schedule", "estimate"}
+ESTIMATE_KEYS = {"images_per_sec", "scaling_efficiency", "step_time_s", "comm_time_s", "time_to_train_s", "cost_usd"}
+
+
+def launch_plan(args: list[str], tmp_path, monkeypatch, capsys) -> tuple[int, str, str]:
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))  # no price cache, no measurements: the catalog
+    code = cli.main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- Goldens: one per family ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_plan_json_golden(name, tmp_path, monkeypatch, capsys):
+    code, out, err = launch_plan(["--nodes", "2", "--instance-type", name, "--json"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert_golden(f"plan-{name}.json", out)
+    doc = json.loads(out)
+    assert doc.keys() >= CONTRACT and doc["estimate"].keys() >= ESTIMATE_KEYS
+    assert doc == offline.plan_document(get(name), 2, imagenet(90))
+
+
+def test_plan_json_golden_with_reducers(tmp_path, monkeypatch, capsys):
+    code, out, err = launch_plan(["--nodes", "4", "--instance-type", "p3dn.24xlarge", "--reducers", "4",
+                                  "--reducer-type", "c5n.18xlarge", "--epochs", "30", "--batch-per-gpu", "128",
+                                  "--json"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert_golden("plan-p3dn.24xlarge-reducers.json", out)
+    doc = json.loads(out)
+    assert doc["reducer_nodes"] == ["reducer0", "reducer1", "reducer2", "reducer3"]
+    assert doc["hostfile"] == "".join(f"node{i} slots=8\n" for i in range(4))  # reducers run no training ranks
+    assert doc["estimate"]["strategy"] == "reducers" and doc["estimate"]["tier_nodes"] == 4
+
+
+# --- What the plan says, family by family ----------------------------------------------------------------------
+
+
+def test_p3_16xlarge_has_nothing_efa_and_seed_003s_mpi_flags():
+    doc = offline.plan_document(get("p3.16xlarge"), 8, imagenet(90))
+    assert not any(k.startswith(("FI_", "NCCL_")) for k in doc["env"])
+    assert doc["efa_devices"] == [{"node": f"node{i}", "interfaces": []} for i in range(8)]
+    argv = doc["mpirun"]
+    assert argv[argv.index("btl") + 1] == "^openib" and "btl_tcp_if_exclude" not in argv
+    assert argv[argv.index("-np") + 1] == "64"
+    assert doc["estimate"]["images_per_sec"] == pytest.approx(41_417, rel=1e-3)
+
+
+@pytest.mark.parametrize(("name", "cards", "rdma"), [("p3dn.24xlarge", 1, False), ("p4d.24xlarge", 4, True),
+                                                     ("p5.48xlarge", 32, True)])
+def test_efa_types_get_interfaces_per_card_and_the_efa_env(name, cards, rdma):
+    doc = offline.plan_document(get(name), 2, imagenet(90))
+    for node, dev in zip(("node0", "node1"), doc["efa_devices"], strict=True):
+        assert dev["node"] == node
+        assert [(i["network_card_index"], i["device_index"]) for i in dev["interfaces"]] == \
+            [(0, 0)] + [(card, 1) for card in range(1, cards)]
+    env = doc["env"]
+    assert env["FI_PROVIDER"] == "efa" and env["NCCL_PROTO"] == "simple"
+    assert ("FI_EFA_USE_DEVICE_RDMA" in env) == rdma
+    argv = doc["mpirun"]
+    assert argv[argv.index("btl") + 1] == "tcp,self"
+    assert argv[argv.index("btl_tcp_if_exclude") + 1] == "lo,docker0"
+    assert "FI_PROVIDER=efa" in argv and argv[argv.index("FI_PROVIDER=efa") - 1] == "-x"
+    assert argv.index("FI_PROVIDER=efa") < argv.index("training.train")
+
+
+def test_lr_schedule_is_seed_000s_at_every_epoch_boundary():
+    doc = offline.plan_document(get("p3.16xlarge"), 8, imagenet(90))
+    schedule = doc["lr_schedule"]
+    assert [e for e, _ in schedule] == list(range(91))
+    assert schedule[0][1] == pytest.approx(0.001)
+    assert schedule[10][1] == pytest.approx(6.4)  # 0.1 per 256 x 16,384
+    assert schedule[90][1] == 0.0
+    assert max(lr for _, lr in schedule) == schedule[10][1]
+    assert doc["steps_per_epoch"] == 1_281_167 // 64 // 256
+
+
+def test_offline_plan_does_not_import_torch():
+    code = ("import sys; import launcher.offline, launcher.costreport, launcher.costshell; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# --- launcher.efa --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("versions", "expected"), [
+    (None, {"FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE", "FI_PROVIDER", "NCCL_PROTO"}),
+    (SoftwareVersions(aws_ofi_nccl="1.5.0"), {"FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE", "FI_PROVIDER",
+                                              "NCCL_PROTO"}),
+    (SoftwareVersions(aws_ofi_nccl="1.6.0-aws"), {"FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE"}),
+    (SoftwareVersions(aws_ofi_nccl="v1.7.3-aws"), {"FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE"}),
+    (SoftwareVersions(aws_ofi_nccl="1.7.3-aws", libfabric="1.18.1amzn1.0"), {"FI_EFA_USE_HUGE_PAGE"}),
+])
+def test_fabric_env_follows_the_aws_ofi_nccl_cheatsheet_by_version(versions, expected):
+    assert set(efa.fabric_env(get("p4d.24xlarge"), versions)) == expected
+
+
+def test_fabric_env_without_rdma_and_without_efa():
+    assert efa.fabric_env(get("p3dn.24xlarge")) == {"FI_EFA_USE_HUGE_PAGE": "0", "FI_PROVIDER": "efa",
+                                                    "NCCL_PROTO": "simple"}
+    assert efa.fabric_env(get("p3.16xlarge")) == {}
+    assert efa.mpi_mca(get("p3.16xlarge"), mpi_interface=None) == []
+    assert efa.mpi_mca(get("p5.48xlarge"), mpi_interface="ens32") == [("pml", "ob1"), ("btl", "tcp,self")]
+    with pytest.raises(ValueError, match="cannot read version 'latest'"):
+        efa.fabric_env(get("p5.48xlarge"), SoftwareVersions(aws_ofi_nccl="latest"))
+
+
+def test_fabric_mpirun_argv_replaces_and_adds_mca_settings():
+    cluster = offline.hypothetical_cluster(get("p4d.24xlarge"), 2)
+    spec = plan.TrainSpec(data="/d", output="/o")
+    base = plan.mpirun_argv(cluster, cluster.workers, spec, "/o/hostfile")
+    argv = plan.fabric_mpirun_argv(cluster, cluster.workers, spec, "/o/hostfile", fabric_env={"B": "2", "A": "1"},
+                                   mca=[("btl", "tcp,self"), ("new_key", "v")])
+    assert argv.count("btl") == 1 and argv[argv.index("btl") + 1] == "tcp,self"
+    assert argv[argv.index("new_key") - 1] == "--mca" and argv.index("new_key") < argv.index("-x")
+    assert argv[-len(plan.trainer_argv(cluster.python, spec)):] == plan.trainer_argv(cluster.python, spec)
+    assert argv.index("A=1") < argv.index("B=2")
+    assert len(argv) == len(base) + 3 + 4  # one new MCA triple, two -x pairs
+
+
+# --- The command ---------------------------------------------------------------------------------------------------
+
+
+def test_plan_prints_tables_without_json(tmp_path, monkeypatch, capsys):
+    code, out, err = launch_plan(["--nodes", "8", "--instance-type", "p3.16xlarge"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert out.startswith("plan: 8 x p3.16xlarge, 64 rank(s), Horovod ring allreduce, on-demand")
+    for text in ("41,417 img/s, 90.9% scaling", "mpirun: mpirun -np 64", "hostfile:\nnode0 slots=8",
+                 "lr: 0.001 at epoch 0, peak 6.4 at epoch 10, 0 at epoch 90", "time to train"):
+        assert text in out
+
+
+def test_plan_gpu_throughput_override_and_spot_from_the_cache(tmp_path, monkeypatch, capsys):
+    from launcher import pricing
+    from launcher.pricing import PriceQuote
+
+    pricing.save_cache(pricing.cache_path(tmp_path / "home"), [
+        PriceQuote(instance_type="p4d.24xlarge", market="spot", usd_per_hour=9.8453, date="2026-11-21",
+                   source="EC2 DescribeSpotPriceHistory (test)")])
+    code, out, err = launch_plan(["--nodes", "2", "--instance-type", "p4d.24xlarge", "--market", "spot",
+                                  "--gpu-throughput", "3000", "--json"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    e = json.loads(out)["estimate"]
+    assert e["market"] == "spot" and e["price_usd_per_hour"] == 9.8453 and e["price_date"] == "2026-11-21"
+    assert e["gpu_images_per_sec"] == 3000 and e["throughput_source"] == "override (--gpu-throughput)"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nodes", "2", "--instance-type", "p9.huge"], "error: unknown instance type 'p9.huge'; choose one of:"),
+    (["--nodes", "2", "--instance-type", "c5n.18xlarge"], "error: c5n.18xlarge has no GPUs"),
+    (["--nodes", "0", "--instance-type", "p5.48xlarge"], "error: --nodes must be >= 1, got 0"),
+    (["--nodes", "2", "--instance-type", "p5.48xlarge", "--strategy", "ring"], "error: unknown strategy 'ring'"),
+    (["--nodes", "2", "--instance-type", "p5.48xlarge", "--strategy", "horovod", "--reducers", "2"],
+     "error: the horovod strategy has no reducer or server nodes"),
+    (["--nodes", "2", "--instance-type", "p5.48xlarge", "--market", "spot"],
+     "error: no spot price for p5.48xlarge in us-east-1; fetch current spot prices with `launch cost "
+     "--refresh-prices`"),
+    (["--nodes", "2", "--instance-type", "p5.48xlarge", "--precision", "fp32"], "error: no fp32 ResNet-50 figure"),
+    (["--nodes", "4096", "--instance-type", "p5.48xlarge"], "error: 1,281,167 images over 32768 ranks is 39 per "
+                                                            "rank, fewer than one batch of 256"),
+    (["--instance-type", "p5.48xlarge"], "error: Missing option '--nodes'"),
+])
+def test_bad_input_is_one_line_and_non_zero(args, message, tmp_path, monkeypatch, capsys):
+    code, out, err = launch_plan(args, tmp_path, monkeypatch, capsys)
+    assert code != 0 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_recorded_measurements_replace_the_catalog_figure_and_the_loader_assumption(tmp_path, monkeypatch, capsys):
+    from launcher import measured
+    from launcher.costmodel import GpuThroughput
+
+    home = tmp_path / "home"
+    measured.record(measured.path(home), "V100/amp", GpuThroughput(img_per_sec=1000, source="measured: test run"))
+    measured.record_loader(measured.loader_path(home), 50.0, "bench: test")
+    code, out, err = launch_plan(["--nodes", "1", "--instance-type", "p3.16xlarge", "--json"], tmp_path, monkeypatch,
+                                 capsys)
+    assert code == 0, err
+    e = json.loads(out)["estimate"]
+    assert e["throughput_source"] == "measured: test run" and e["gpu_images_per_sec"] == 1000
+    # 64 vCPUs x 50 img/s = 3,200 img/s, fewer than the 8 GPUs' 8,000: the loader sets the pace.
+    assert e["bottleneck"] == "data loading (CPU)" and e["images_per_sec"] == pytest.approx(3200)
+    (home / "measured" / "loader.json").write_text("[]")
+    code, out, err = launch_plan(["--nodes", "1", "--instance-type", "p3.16xlarge", "--json"], tmp_path, monkeypatch,
+                                 capsys)
+    assert code == 0 and err.startswith("warning: ignored the measured-loader file")
+    assert json.loads(out)["estimate"]["images_per_sec"] == pytest.approx(8000)
