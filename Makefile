@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 TORCH_VERSION := 2.13.0
-APT_PACKAGES := openmpi-bin libopenmpi-dev openssh-server
+APT_PACKAGES := openmpi-bin libopenmpi-dev openssh-server shellcheck
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
@@ -21,6 +21,7 @@ apt:
 	command -v mpirun >/dev/null || missing="$$missing openmpi-bin"; \
 	command -v mpicxx >/dev/null || missing="$$missing libopenmpi-dev"; \
 	test -x /usr/sbin/sshd || missing="$$missing openssh-server"; \
+	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	if [ -n "$$missing" ]; then \
 	  sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
 	  echo "installing:$$missing"; \

@@ -1,0 +1,68 @@
+"""CDK entry point of the image stack: ``npx cdk deploy --app ".venv/bin/python ami/app.py"`` builds the image.
+
+Context: ``base`` (ubuntu, dlami, or an AMI id), ``build_instance_type`` (default g5.xlarge),
+``nvidia_kernel_modules`` (open, or proprietary for V100), ``root_volume_gib``, ``region``, ``stack_name``.
+Bad context ends with one ``error: ...`` line and exit status 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parent.parent
+if sys.path and Path(sys.path[0]).resolve() == _ROOT / "ami":
+    sys.path[0] = str(_ROOT)
+elif str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from aws_cdk import App, Aspects, Environment  # noqa: E402
+from cdk_nag import AwsSolutionsChecks  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+
+from ami import render  # noqa: E402
+from ami.stack import ImageSpec, ImageStack  # noqa: E402
+
+
+class SpecError(ValueError):
+    """Bad context; the message is one line."""
+
+
+def spec_from_context(app: App) -> ImageSpec:
+    values = {k: app.node.try_get_context(k) for k in ImageSpec.model_fields}
+    values = {k: v for k, v in values.items() if v is not None}
+    try:
+        spec = ImageSpec.model_validate(values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = str(first["loc"][0]) if first["loc"] else "context"
+        raise SpecError(f"{key}={values.get(key)!r}: {first['msg'].lower()}") from None
+    try:
+        render.base_info(render.load_versions(), spec.base)
+    except ValueError as e:
+        raise SpecError(str(e)) from None
+    return spec
+
+
+def build(context: dict[str, Any] | None = None, *, outdir: str | None = None) -> tuple[App, ImageStack]:
+    app = App(context=context, outdir=outdir)
+    spec = spec_from_context(app)
+    stack = ImageStack(app, spec.stack_name, spec=spec, versions=render.load_versions(),
+                       env=Environment(region=spec.region))
+    Aspects.of(app).add(AwsSolutionsChecks())
+    return app, stack
+
+
+def main() -> int:
+    try:
+        app, _ = build()
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

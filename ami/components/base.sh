@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Base packages, the kernel held (the NVIDIA, Lustre and BeeGFS modules are built for it), and the image's
+# record of its versions in /etc/scaletrain/image.env (launch doctor reads it).
+# Reads: SCALETRAIN_IMAGE_ENV (every pinned version, KEY=VALUE lines, from ami/versions.json).
+set -euo pipefail
+: "${SCALETRAIN_IMAGE_ENV:?set by the Image Builder component from ami/versions.json}"
+export DEBIAN_FRONTEND=noninteractive
+RECORD=/etc/scaletrain/image.env
+
+verify() {
+    test -s "$RECORD" || { echo "error: $RECORD is missing" >&2; return 1; }
+    diff <(printf '%s\n' "$SCALETRAIN_IMAGE_ENV") "$RECORD" >/dev/null \
+        || { echo "error: $RECORD differs from the versions this component pins" >&2; return 1; }
+    dpkg -s build-essential "linux-headers-$(uname -r)" >/dev/null
+}
+
+install_() {
+    apt-get update -qq
+    apt-get install -y -qq build-essential dkms "linux-headers-$(uname -r)" curl ca-certificates gnupg unzip \
+        python3-venv python3-dev git chrony jq pciutils >/dev/null
+    # The kernel modules built below match this kernel only: hold it so an upgrade cannot strand them.
+    apt-mark hold "linux-image-$(uname -r)" "linux-headers-$(uname -r)" >/dev/null
+    for meta in linux-aws linux-image-aws linux-headers-aws; do
+        if dpkg -s "$meta" >/dev/null 2>&1; then apt-mark hold "$meta" >/dev/null; fi
+    done
+    install -d -m 0755 /etc/scaletrain
+    printf '%s\n' "$SCALETRAIN_IMAGE_ENV" >"$RECORD"
+}
+
+case "${1:-build}" in
+    build) verify 2>/dev/null || install_; verify ;;
+    validate) verify ;;
+    *) echo "usage: $0 [build|validate]" >&2; exit 2 ;;
+esac

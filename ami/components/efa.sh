@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The EFA installer: the EFA kernel module, libfabric (/opt/amazon/efa) and Open MPI (/opt/amazon/openmpi).
+# Reads: EFA_INSTALLER_VERSION, LIBFABRIC_VERSION and OPENMPI_VERSION (what that installer ships).
+set -euo pipefail
+: "${EFA_INSTALLER_VERSION:?set by the Image Builder component from ami/versions.json}"
+: "${LIBFABRIC_VERSION:?set by the Image Builder component from ami/versions.json}"
+: "${OPENMPI_VERSION:?set by the Image Builder component from ami/versions.json}"
+
+verify() {
+    grep -q "EFA installer version: ${EFA_INSTALLER_VERSION}\$" /opt/amazon/efa_installed_packages 2>/dev/null \
+        || { echo "error: EFA installer ${EFA_INSTALLER_VERSION} is not installed" >&2; return 1; }
+    /opt/amazon/efa/bin/fi_info --version | grep -q "libfabric: ${LIBFABRIC_VERSION}\$" \
+        || { echo "error: libfabric is not ${LIBFABRIC_VERSION}; correct ami/versions.json" >&2; return 1; }
+    /opt/amazon/openmpi/bin/mpirun --version | grep -q "(Open MPI) ${OPENMPI_VERSION}\$" \
+        || { echo "error: /opt/amazon/openmpi is not Open MPI ${OPENMPI_VERSION}" >&2; return 1; }
+}
+
+install_() {
+    local work
+    work=$(mktemp -d)
+    curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
+        | tar -xz -C "$work"
+    (cd "$work/aws-efa-installer" && ./efa_installer.sh -y)
+    printf '%s\n' /opt/amazon/efa/lib /opt/amazon/openmpi/lib >/etc/ld.so.conf.d/100-efa.conf
+    ldconfig
+    rm -rf "$work"
+}
+
+case "${1:-build}" in
+    build) verify 2>/dev/null || install_; verify ;;
+    validate) verify ;;
+    *) echo "usage: $0 [build|validate]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The Lustre client for FSx for Lustre, from AWS's repository, with the modules for the held kernel.
+# Reads: LUSTRE_CLIENT_VERSION (major.minor the modules must report).
+set -euo pipefail
+: "${LUSTRE_CLIENT_VERSION:?set by the Image Builder component from ami/versions.json}"
+export DEBIAN_FRONTEND=noninteractive
+REPO=https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu
+
+verify() {
+    local have
+    have=$(modinfo -F version lustre 2>/dev/null) \
+        || { echo "error: no lustre module for kernel $(uname -r); FSx publishes modules per AWS kernel" >&2
+             return 1; }
+    case "$have" in
+        "$LUSTRE_CLIENT_VERSION".*) ;;
+        *) echo "error: lustre module $have, expected $LUSTRE_CLIENT_VERSION.x" >&2; return 1 ;;
+    esac
+}
+
+install_() {
+    curl -fsSL https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/fsx-ubuntu-public-key.asc \
+        | gpg --dearmor --yes -o /usr/share/keyrings/fsx-ubuntu-public-key.gpg
+    echo "deb [signed-by=/usr/share/keyrings/fsx-ubuntu-public-key.gpg] $REPO jammy main" \
+        >/etc/apt/sources.list.d/fsxlustreclientrepo.list
+    apt-get update -qq
+    apt-get install -y -qq "lustre-client-modules-$(uname -r)" lustre-client-utils >/dev/null
+}
+
+case "${1:-build}" in
+    build) verify 2>/dev/null || install_; verify ;;
+    validate) verify ;;
+    *) echo "usage: $0 [build|validate]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# NCCL from NVIDIA's CUDA repository, and nccl-tests (all_reduce_perf, built with MPI) in /opt/nccl-tests.
+# Reads: NCCL_VERSION, NCCL_CUDA_TAG (the package's +cudaX.Y suffix), NCCL_TESTS_VERSION.
+set -euo pipefail
+: "${NCCL_VERSION:?set by the Image Builder component from ami/versions.json}"
+: "${NCCL_CUDA_TAG:?set by the Image Builder component from ami/versions.json}"
+: "${NCCL_TESTS_VERSION:?set by the Image Builder component from ami/versions.json}"
+export DEBIAN_FRONTEND=noninteractive
+PKG_VERSION="${NCCL_VERSION}-1+${NCCL_CUDA_TAG}"
+TESTS=/opt/nccl-tests
+
+verify() {
+    [ "$(dpkg-query -W -f '${Version}' libnccl2 2>/dev/null)" = "$PKG_VERSION" ] \
+        || { echo "error: libnccl2 $PKG_VERSION is not installed" >&2; return 1; }
+    if ! grep -qx "$NCCL_TESTS_VERSION" "$TESTS/VERSION" 2>/dev/null || ! test -x "$TESTS/build/all_reduce_perf"; then
+        echo "error: nccl-tests $NCCL_TESTS_VERSION is not built in $TESTS" >&2
+        return 1
+    fi
+}
+
+install_() {
+    apt-get update -qq
+    apt-get install -y -qq --allow-change-held-packages "libnccl2=$PKG_VERSION" "libnccl-dev=$PKG_VERSION" >/dev/null
+    apt-mark hold libnccl2 libnccl-dev >/dev/null
+    rm -rf "$TESTS"
+    git clone --quiet --depth 1 --branch "v${NCCL_TESTS_VERSION}" https://github.com/NVIDIA/nccl-tests.git "$TESTS"
+    make -C "$TESTS" -j "$(nproc)" MPI=1 MPI_HOME=/opt/amazon/openmpi CUDA_HOME=/usr/local/cuda NCCL_HOME=/usr \
+        >/dev/null
+    echo "$NCCL_TESTS_VERSION" >"$TESTS/VERSION"
+}
+
+case "${1:-build}" in
+    build) verify 2>/dev/null || install_; verify ;;
+    validate) verify ;;
+    *) echo "usage: $0 [build|validate]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# NVIDIA driver (DKMS, so it is rebuilt for a new kernel) and the CUDA toolkit. Not part of the recipe on a
+# base that ships a driver (the Deep Learning Base AMI); see ami/render.py.
+# Reads: NVIDIA_DRIVER_VERSION, NVIDIA_KERNEL_MODULE_TYPE (open|proprietary), CUDA_VERSION, CUDA_APT_PACKAGE.
+set -euo pipefail
+: "${NVIDIA_DRIVER_VERSION:?set by the Image Builder component from ami/versions.json}"
+: "${NVIDIA_KERNEL_MODULE_TYPE:?set by the Image Builder component (open or proprietary)}"
+: "${CUDA_VERSION:?set by the Image Builder component from ami/versions.json}"
+: "${CUDA_APT_PACKAGE:?set by the Image Builder component from ami/versions.json}"
+export DEBIAN_FRONTEND=noninteractive
+CUDA_REPO=https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64
+
+verify() {
+    local built
+    built=$(modinfo -F version nvidia 2>/dev/null) \
+        || { echo "error: no nvidia kernel module for kernel $(uname -r)" >&2; return 1; }
+    [ "$built" = "$NVIDIA_DRIVER_VERSION" ] \
+        || { echo "error: nvidia module $built, expected $NVIDIA_DRIVER_VERSION" >&2; return 1; }
+    /usr/local/cuda/bin/nvcc --version | grep -q "release ${CUDA_VERSION%.*}," \
+        || { echo "error: nvcc is not CUDA ${CUDA_VERSION%.*}" >&2; return 1; }
+}
+
+install_() {
+    local work
+    work=$(mktemp -d)
+    curl -fsSL -o "$work/driver.run" \
+        "https://us.download.nvidia.com/tesla/${NVIDIA_DRIVER_VERSION}/NVIDIA-Linux-x86_64-${NVIDIA_DRIVER_VERSION}.run"
+    sh "$work/driver.run" --silent --dkms --no-questions --kernel-module-type="$NVIDIA_KERNEL_MODULE_TYPE"
+    curl -fsSL -o "$work/cuda-keyring.deb" "$CUDA_REPO/cuda-keyring_1.1-1_all.deb"
+    dpkg -i "$work/cuda-keyring.deb" >/dev/null
+    apt-get update -qq
+    # The toolkit only: the driver above is the runfile's, so the repo's driver packages stay out.
+    apt-get install -y -qq --no-install-recommends "${CUDA_APT_PACKAGE}=${CUDA_VERSION}-1" >/dev/null
+    apt-mark hold "$CUDA_APT_PACKAGE" >/dev/null
+    ln -sfn "/usr/local/cuda-${CUDA_VERSION%.*}" /usr/local/cuda
+    echo "/usr/local/cuda/lib64" >/etc/ld.so.conf.d/000-cuda.conf
+    ldconfig
+    rm -rf "$work"
+}
+
+case "${1:-build}" in
+    build) verify 2>/dev/null || install_; verify ;;
+    validate) verify ;;
+    *) echo "usage: $0 [build|validate]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The training Python: a venv at SCALETRAIN_VENV with the pinned PyTorch CUDA build.
+# Reads: SCALETRAIN_VENV, TORCH_VERSION, TORCH_INDEX (the PyTorch wheel index for the image's CUDA).
+set -euo pipefail
+: "${SCALETRAIN_VENV:?set by the Image Builder component}"
+: "${TORCH_VERSION:?set by the Image Builder component from ami/versions.json}"
+: "${TORCH_INDEX:?set by the Image Builder component from ami/versions.json}"
+PY="$SCALETRAIN_VENV/bin/python"
+
+verify() {
+    local have
+    have=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0], torch.version.cuda is not None)' 2>/dev/null) \
+        || { echo "error: torch does not import in $SCALETRAIN_VENV" >&2; return 1; }
+    [ "$have" = "$TORCH_VERSION True" ] \
+        || { echo "error: torch in $SCALETRAIN_VENV is '$have', expected '$TORCH_VERSION True' (a CUDA build)" >&2
+             return 1; }
+}
+
+install_() {
+    test -x "$PY" || python3 -m venv "$SCALETRAIN_VENV"
+    "$PY" -m pip install --quiet --upgrade pip setuptools wheel
+    "$PY" -m pip install --quiet "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX"
+}
+
+case "${1:-build}" in
+    build) verify 2>/dev/null || install_; verify ;;
+    validate) verify ;;
+    *) echo "usage: $0 [build|validate]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,108 @@
+"""The shell of `launch doctor`: gather every node's probes in parallel, then the cluster-wide test.
+
+Decisions live in launcher/doctor.py; this module only runs commands (launcher.remote) and feeds the output in.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from infra import catalog
+from launcher import doctor, efa, plan, remote
+from launcher.cluster import Cluster, Node
+from launcher.doctor import Check
+from launcher.errors import LaunchError
+
+NCCL_TESTS = "/opt/nccl-tests/build/all_reduce_perf"
+
+
+def _clock(cluster: Cluster, nodes: list[Node]) -> dict[str, Check]:
+    sent = time.time()
+    results = remote.run_all(cluster, nodes, "date +%s.%N")
+    received = time.time()
+    return {r.node: doctor.check_clock(r.stdout, sent, received) if r.ok else
+            doctor.fail("clock", f"date failed: {r.error or r.stderr.strip()}") for r in results}
+
+
+def mpi_hello_argv(cluster: Cluster, nodes: list[Node], hostfile_path: str) -> list[str]:
+    """One rank per node printing its node's name, over the same ssh_config and MCA settings as training."""
+    argv = ["mpirun"] + (["--allow-run-as-root"] if cluster.user == "root" else [])
+    argv += ["-np", str(len(nodes)), "--hostfile", hostfile_path, "--map-by", "node",
+             "--mca", "plm_rsh_agent", f"ssh -F {cluster.ssh_config}", "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
+    if cluster.mpi_interface:
+        argv += ["--mca", "btl_tcp_if_include", cluster.mpi_interface, "--mca", "oob_tcp_if_include",
+                 cluster.mpi_interface]
+    return argv + ["printenv", "SCALETRAIN_NODE"]
+
+
+def nccl_test_argv(cluster: Cluster, nodes: list[Node], instance: catalog.InstanceType,
+                   hostfile_path: str) -> list[str]:
+    """nccl-tests' all_reduce_perf, one rank per GPU on every node, with the EFA environment of launcher.efa."""
+    ranks = sum(n.slots for n in nodes)
+    argv = ["mpirun"] + (["--allow-run-as-root"] if cluster.user == "root" else [])
+    argv += ["-np", str(ranks), "--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
+             "--mca", "plm_rsh_agent", f"ssh -F {cluster.ssh_config}"]
+    for key, value in efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface):
+        argv += ["--mca", key, value]
+    env = efa.fabric_env(instance) | {"LD_LIBRARY_PATH": "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:"
+                                                         "/opt/amazon/openmpi/lib:/usr/local/cuda/lib64"}
+    for key, value in sorted(env.items()):
+        argv += ["-x", f"{key}={value}"]
+    return argv + [NCCL_TESTS, "-b", "8", "-e", "2G", "-f", "2", "-g", "1"]
+
+
+def _across_nodes(cluster: Cluster, nodes: list[Node], argv_for) -> tuple[int, str]:
+    first = nodes[0]
+    hostfile_path = f"{first.workdir}/doctor-hostfile"
+    code, _ = remote.check(cluster, first, f"printf %s {shlex.quote(plan.hostfile(nodes))} > "
+                                           f"{shlex.quote(hostfile_path)}")
+    if code != 0:
+        return code, f"could not write {hostfile_path}"
+    return remote.check(cluster, first, plan.command_line(argv_for(hostfile_path)) + " 2>&1")
+
+
+def diagnose(cluster: Cluster, *, storage: str = "auto") -> list[Check]:
+    """Every check on every node (gathered in parallel), then the test across the worker nodes."""
+    if storage not in doctor.STORAGE_CHOICES:
+        raise LaunchError(f"--storage must be one of: {', '.join(doctor.STORAGE_CHOICES)}; got '{storage}'")
+    instance = None
+    if cluster.backend == "aws":
+        if not cluster.instance_type:
+            raise LaunchError(f"cluster '{cluster.name}' records no instance type; rediscover it")
+        instance = catalog.get(cluster.instance_type)
+    results = remote.run_all(cluster, cluster.nodes, doctor.probe_script(cluster.backend, cluster.python))
+    clocks = _clock(cluster, cluster.nodes)
+    checks: list[Check] = []
+    reachable = []
+    for node, result in zip(cluster.nodes, results, strict=True):
+        if result.exit_code == -1:
+            checks.append(Check("ssh", "fail", f"unreachable: {result.error}", node.name))
+            continue
+        reachable.append(node)
+        probes = doctor.parse_probes(result.stdout)
+        if instance is not None and node.role == "worker":
+            found = doctor.evaluate_aws(probes, instance, storage=storage)
+        elif instance is not None:  # a reducer: CPU only, what training needs from it is MPI and the storage
+            found = [doctor.check_mpirun(probes.get("mpirun", doctor.Probe("", 127))),
+                     doctor.check_storage(probes.get("storage", doctor.Probe("", 1)),
+                                          probes.get("storage-write", doctor.Probe("", 1)), storage)]
+        else:
+            found = doctor.evaluate_local(probes, cluster.python)
+        checks += doctor.on_node(found + [clocks[node.name]], node.name)
+
+    workers = [n for n in cluster.workers if n in reachable]
+    across = "all nodes"
+    if len(workers) < 2 or len(workers) != len(cluster.workers):
+        why = "needs 2 reachable worker nodes" if len(workers) < 2 else "a worker node is unreachable"
+        checks.append(Check("nccl allreduce" if instance else "mpirun across nodes", "skip", why, across))
+    elif instance is None:
+        code, out = _across_nodes(cluster, workers, lambda h: mpi_hello_argv(cluster, workers, h))
+        checks.append(doctor.on_node([doctor.check_mpi_hello(code, out, [n.name for n in workers])], across)[0])
+        checks.append(Check("nccl allreduce", "skip", dict(doctor.LOCAL_SKIPPED)["nccl allreduce"], across))
+    elif instance.gpus == 0:
+        checks.append(Check("nccl allreduce", "skip", f"{instance.name} has no GPUs", across))
+    else:
+        code, out = _across_nodes(cluster, workers, lambda h: nccl_test_argv(cluster, workers, instance, h))
+        checks.append(doctor.on_node([doctor.check_bus_bandwidth(code, out, instance, len(workers))], across)[0])
+    return checks

@@ -1,0 +1,183 @@
+"""`launch doctor`: its checks over recorded tool output (good and broken p4d nodes), and for real, locally."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from clusterutil import assert_one_line_error, cluster_state, launch
+
+from infra import catalog
+from launcher import doctor
+from launcher.doctor import Probe
+
+DATA = Path(__file__).parent / "data" / "doctor"
+P4D = catalog.get("p4d.24xlarge")
+
+
+def recorded(case: str = "p4d-good") -> dict[str, Probe]:
+    """The good p4d node's probes, with those a broken case recorded in their place."""
+    probes: dict[str, Probe] = {}
+    for directory in ("p4d-good", case):
+        for f in sorted((DATA / directory).glob("*.txt")):
+            rc_file = f.with_suffix(".rc")
+            probes[f.stem] = Probe(f.read_text(), int(rc_file.read_text()) if rc_file.exists() else 0)
+    return probes
+
+
+def by_name(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
+    return {c.name: c for c in checks}
+
+
+def test_a_good_p4d_node_passes_every_check() -> None:
+    checks = by_name(doctor.evaluate_aws(recorded(), P4D, storage="auto"))
+    assert {n: c.status for n, c in checks.items()} == dict.fromkeys(
+        ["gpus", "driver/cuda", "efa devices", "libfabric efa", "nccl", "horovod", "mpi", "shared storage"], "ok")
+    assert checks["gpus"].detail == "8 x NVIDIA A100-SXM4-40GB (40,960 MiB)"
+    assert checks["driver/cuda"].detail == "driver 570.172.08, CUDA 12.8 (driver supports 12.8)"
+    assert checks["libfabric efa"].detail == "efa provider on 4 devices, libfabric 1.22.0amzn4.0"
+    assert checks["nccl"].detail == "libnccl.so.2 and /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"
+    assert checks["shared storage"].detail == "lustre at /fsx, writable"
+
+
+@pytest.mark.parametrize(("case", "check", "reason"), [
+    ("gpu-missing", "gpus", "7 GPU(s) visible, p4d.24xlarge has 8 x A100-40GB"),
+    ("driver-wrong-kernel", "driver/cuda", "no nvidia kernel module for kernel 6.8.0-1031-aws"),
+    ("efa-2-of-4", "efa devices", "2 of 4 EFA devices"),
+    ("efa-2-of-4", "libfabric efa", "the efa provider serves 2 of 4 devices"),
+    ("horovod-without-nccl", "horovod", "Horovod 0.28.1 built without NCCL"),
+    ("storage-not-mounted", "shared storage", "not mounted: no lustre at /fsx or beegfs at /beegfs"),
+    ("storage-read-only", "shared storage", "lustre at /fsx is mounted but not writable"),
+])  # fmt: skip
+def test_a_broken_node_fails_exactly_that_check(case: str, check: str, reason: str) -> None:
+    checks = doctor.on_node(doctor.evaluate_aws(recorded(case), P4D, storage="auto"), "node3")
+    failed = {c.name: c for c in checks if c.failed}
+    assert check in failed and reason in failed[check].detail, failed
+    expected_failures = {"efa-2-of-4": 2, "driver-wrong-kernel": 2}.get(case, 1)  # gpus too
+    assert len(failed) == expected_failures, failed
+    line = doctor.verdict(checks)
+    assert line is not None and line.startswith("1 node(s) not ready: node3 ") and reason in line
+
+
+def test_cuda_newer_than_the_driver_supports() -> None:
+    probes = recorded()
+    probes["nvidia-smi-header"] = Probe(probes["nvidia-smi-header"].output.replace("CUDA Version: 12.8",
+                                                                                   "CUDA Version: 12.4"), 0)
+    check = doctor.check_driver(*(probes[k] for k in ("nvidia-smi", "nvidia-smi-header", "nvcc", "kernel", "image")))
+    assert check.failed and "CUDA 12.8 is newer than driver 570.172.08 supports (CUDA 12.4)" in check.detail
+
+
+def test_a_driver_other_than_the_image_pinned() -> None:
+    probes = recorded()
+    probes["nvidia-smi"] = Probe(probes["nvidia-smi"].output.replace("570.172.08", "570.86.15"), 0)
+    check = doctor.check_driver(*(probes[k] for k in ("nvidia-smi", "nvidia-smi-header", "nvcc", "kernel", "image")))
+    assert check.failed and "the image pinned 570.172.08" in check.detail
+
+
+def test_wrong_gpu_model_and_types_without_efa() -> None:
+    a10g = doctor.check_gpus(recorded()["nvidia-smi"], catalog.get("g5.48xlarge"))
+    assert a10g.failed and "8 GPU(s) are not A10G: NVIDIA A100-SXM4-40GB" in a10g.detail
+    wrong = doctor.check_gpus(recorded()["nvidia-smi"], catalog.get("p4de.24xlarge"))  # A100 80GB expected
+    assert wrong.failed and "8 GPU(s) are not A100-80GB" in wrong.detail
+    p3 = catalog.get("p3.16xlarge")
+    assert doctor.check_efa_devices(Probe("", 2), p3).status == "skip"
+    assert doctor.check_nccl(recorded()["ldconfig"], Probe("", 2), p3).status == "ok"
+    assert doctor.check_nccl(recorded()["ldconfig"], Probe("", 2), P4D).failed
+    assert doctor.check_nccl(Probe("", 1), recorded()["ofi-nccl"], P4D).detail.startswith("libnccl.so.2 is not")
+
+
+def test_clock_skew_beyond_the_uncertainty_fails() -> None:
+    assert doctor.check_clock("1795234386.164740472\n", 1795234386.10, 1795234386.20).status == "ok"
+    skewed = doctor.check_clock("1795234389.912345678\n", 1795234386.10, 1795234386.20)
+    assert skewed.failed and skewed.detail.startswith("+3.76 s from the launcher's clock")
+    # A slow round trip widens the window: 0.7 s off with +/- 0.5 s known is within the 0.5 s limit.
+    assert doctor.check_clock("1795234387.2", 1795234386.0, 1795234387.0).status == "ok"
+    assert doctor.check_clock("Thu Nov 21", 0, 1).failed
+
+
+def test_bus_bandwidth_against_the_network() -> None:
+    good = doctor.check_bus_bandwidth(0, (DATA / "all_reduce_perf-p4d-2nodes-efa.txt").read_text(), P4D, 2)
+    assert good.status == "ok", good.detail
+    assert good.detail == ("bus bandwidth 45.0 GB/s at 2,048 MiB on 2 nodes; p4d.24xlarge's network allows "
+                           "50.0 GB/s")
+    low = doctor.check_bus_bandwidth(0, (DATA / "all_reduce_perf-p4d-2nodes-sockets.txt").read_text(), P4D, 2)
+    assert low.failed and "bus bandwidth 4.0 GB/s" in low.detail and "is NCCL using EFA (aws-ofi-nccl)?" in low.detail
+    wrong = doctor.check_bus_bandwidth(0, (DATA / "all_reduce_perf-wrong-values.txt").read_text(), P4D, 2)
+    assert wrong.failed and "16 wrong values" in wrong.detail
+    crashed = doctor.check_bus_bandwidth(1, "mpirun noticed that process rank 3 exited on signal 11", P4D, 2)
+    assert crashed.failed and "signal 11" in crashed.detail
+    assert doctor.parse_bus_bandwidth((DATA / "all_reduce_perf-p4d-2nodes-efa.txt").read_text()) == 27.4218
+
+
+def test_horovod_check_build_is_parsed_from_its_real_format() -> None:
+    build = doctor.parse_check_build((DATA / "p4d-good" / "horovod-build.txt").read_text())
+    assert build["Available Controllers"] == {"MPI": True, "Gloo": True}
+    assert build["Available Tensor Operations"]["NCCL"] is True and build["Available Frameworks"]["MXNet"] is False
+    cpu = (DATA / "horovod-without-nccl" / "horovod-build.txt").read_text()
+    assert doctor.check_horovod_build(Probe(cpu, 0), need_nccl=False).status == "ok"
+
+
+def test_probe_output_round_trips_through_the_markers() -> None:
+    import subprocess
+
+    script = doctor._probe("one", "printf 'a\\nb\\n'") + "; " + doctor._probe("two", "echo oops >&2; exit 3")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert doctor.parse_probes(out) == {"one": Probe("a\nb\n", 0), "two": Probe("oops\n", 3)}
+    assert "findmnt -J -t lustre,beegfs" in doctor.probe_script("aws", "/opt/scaletrain/venv/bin/python")
+    assert "/opt/scaletrain/venv/bin/horovodrun --check-build" in doctor.probe_script(
+        "aws", "/opt/scaletrain/venv/bin/python")
+
+
+def test_bad_storage_choice() -> None:
+    with pytest.raises(ValueError, match="--storage must be one of auto, fsx, beegfs, none"):
+        doctor.check_storage(Probe("", 0), Probe("", 0), "nfs")
+
+
+# --- For real, on a 2-node local cluster ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    home = tmp_path_factory.mktemp("doctor") / "home"
+    launch(home, "local", "up", "--nodes", "2", check=True)
+    yield home
+    launch(home, "local", "down")
+
+
+@pytest.mark.cluster
+def test_doctor_on_the_local_cluster(cluster) -> None:
+    proc = launch(cluster, "doctor")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("│")]
+    cells = [[c.strip() for c in ln.strip("│").split("│")] for ln in rows]
+    status = {(c[0], c[1]): c[2] for c in cells if len(c) == 4 and c[0]}
+    for node in ("node0", "node1"):
+        for check in ("mpi", "horovod", "workdir", "clock"):
+            assert status[(node, check)] == "ok", proc.stdout
+        for check in ("gpus", "driver/cuda", "efa devices", "libfabric efa", "nccl", "shared storage"):
+            assert status[(node, check)] == "skip", proc.stdout
+    assert status[("all nodes", "mpirun across nodes")] == "ok"
+    assert "2 ranks, one on each of node0, node1" in proc.stdout
+    assert "the local cluster has no GPUs" in proc.stdout and "0 failed" in proc.stdout
+
+
+@pytest.mark.cluster
+def test_doctor_names_the_broken_node(cluster) -> None:
+    state_file = cluster / "clusters" / "local" / "cluster.json"
+    good = state_file.read_text()
+    state = cluster_state(cluster)
+    state["python"] = "/nonexistent/python3"
+    state_file.write_text(json.dumps(state))
+    try:
+        proc = launch(cluster, "doctor", "--cluster", "local")
+    finally:
+        state_file.write_text(good)
+    assert_one_line_error(proc, "2 node(s) not ready: node0 horovod: horovod.torch does not import with "
+                                "/nonexistent/python3")
+    assert "fail" in proc.stdout
+
+
+@pytest.mark.cluster
+def test_doctor_bad_storage_option(cluster) -> None:
+    assert_one_line_error(launch(cluster, "doctor", "--storage", "nfs"), "--storage must be one of: auto, fsx")
