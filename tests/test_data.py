@@ -256,7 +256,11 @@ def test_manifest_describes_the_shards_on_disk(sample, shards):
         "val": {"samples": CLASSES * VAL_PER_CLASS, "shards": 2},
     }
     assert manifest["rejected"] == []
-    assert manifest["options"] == {"shard_size": SHARD_SIZE, "seed": SHUFFLE_SEED, "source": str(sample[0])}
+    assert manifest["options"] == {
+        "shard_size": SHARD_SIZE, "seed": SHUFFLE_SEED, "resize": None, "quality": 95, "source": str(sample[0]),
+        "layout": {"train": "train/", "val": "val/"},
+    }  # fmt: skip
+    assert len(manifest["plan_sha256"]) == 64
     assert (manifest["format"], manifest["version"]) == ("webdataset", 1)
 
 
@@ -361,7 +365,8 @@ def test_files_the_listing_cannot_use_are_rejected_and_a_flat_val_folder_is_refu
     (src / "val").mkdir()
     (src / "val" / "ILSVRC2012_val_00000001.JPEG").write_bytes(image)  # the download's flat val/ folder
     with pytest.raises(
-        ValueError, match=r"holds 1 files but no <wnid>/ class folders; sort them into val/<wnid>/"
+        ValueError, match=r"^val/ holds validation images without class folders and SRC has no labels file; "
+        r"put LOC_val_solution.csv or the devkit \(ILSVRC2012_devkit_t12.tar.gz\) in "
     ):
         convert(src, tmp_path / "out")
 
@@ -396,6 +401,10 @@ def test_three_nodes_write_disjoint_shards_that_merge_into_the_single_node_manif
         ({"node_count": 0}, "node_count must be 1 or more, got 0"),
         ({"node_index": 3, "node_count": 3}, "node_index must be between 0 and node_count - 1 (2), got 3"),
         ({"node_index": -1, "node_count": 3}, "node_index must be between 0 and node_count - 1 (2), got -1"),
+        ({"resize": 0}, "resize must be 1 or more, got 0"),
+        ({"quality": 101}, "quality must be between 1 and 100, got 101"),
+        ({"quality": 0}, "quality must be between 1 and 100, got 0"),
+        ({"workers": 0}, "workers must be 1 or more, got 0"),
     ],
 )
 def test_convert_rejects_bad_options_in_one_line(sample, tmp_path, options, message):
@@ -409,7 +418,8 @@ def test_convert_rejects_a_missing_or_empty_source(tmp_path):
     with pytest.raises(ValueError, match=r"^SRC .*nowhere does not exist$"):
         convert(tmp_path / "nowhere", tmp_path / "out")
     (tmp_path / "empty" / "train").mkdir(parents=True)
-    with pytest.raises(ValueError, match="^no train/ or val/ class folders under SRC"):
+    with pytest.raises(ValueError, match=r"^no ImageNet under SRC .*: expected train/<wnid>/ or val/ folders, "
+                                         r"ILSVRC2012_img_train.tar or ILSVRC2012_img_val.tar$"):
         convert(tmp_path / "empty", tmp_path / "out")
 
 

@@ -1,56 +1,78 @@
-"""ILSVRC2012 folder layout -> WebDataset shards, with a manifest.
+"""ImageNet, in any layout people have, -> WebDataset shards with a manifest.
 
-    SRC/train/<wnid>/*  and/or  SRC/val/<wnid>/*
+    SRC (see training.sources: class folders, the official tars, flat val files with a labels file)
         -> OUT/train-000000.tar, ..., OUT/val-000000.tar, ..., OUT/manifest.json
 
 Each shard holds, per sample, `KEY.jpg` then `KEY.cls` (the class index in ASCII), KEY being the input's file
-stem; the class index is the WNID's position in the sorted union of class folders of both splits. Samples are
-shuffled with `seed` (each split on its own) before being cut into shards of `shard_size`, and tar metadata is
-fixed, so the same input and options give byte-identical shards.
+stem; the class index is the WNID's position in the sorted class list. Samples are sorted by key and shuffled
+with `seed` (each split on its own) before being cut into shards of `shard_size`, and tar metadata is fixed, so
+the same input and options give byte-identical shards, whichever layout the input came in.
 
-A clean RGB JPEG passes through byte for byte; anything else Pillow can decode (a PNG named .JPEG, a CMYK
-or grayscale JPEG) is re-encoded as an RGB JPEG; an empty, truncated or undecodable file is listed in the
-manifest's `rejected` with the reason. Nothing is dropped silently and one bad file never stops the run.
+Without `resize`, a clean RGB JPEG passes through byte for byte; anything else Pillow can decode (a PNG named
+.JPEG, a CMYK or grayscale JPEG) is re-encoded as an RGB JPEG at `quality`. With `resize`, an image whose
+shorter side is above `resize` px is shrunk to it (JPEGs decoded at a reduced DCT scale first, so a very large
+original costs little) and re-encoded; smaller ones are kept as they are. An empty, truncated or undecodable
+input is listed in the manifest's `rejected` with the reason. Nothing is dropped silently and one bad file
+never stops the run.
 
-Several nodes share the work: every node computes the same shuffled plan, and node i of N writes the shards
-whose index (counting train shards, then val shards) is i modulo N, plus `manifest.node-<i>-of-<N>.json`;
-`merge_manifests` then writes `manifest.json`. A single node writes `manifest.json` itself.
+Resumable: a shard is written under a temporary name and renamed only when complete, after its journal record
+(OUT/.journal/<shard>.json: fingerprint of its planned inputs and options, size, sha256, rejected inputs). A run
+started again, after a kill -9 at any point, keeps every shard whose record matches the plan and whose bytes
+match the record, and writes the rest; the result is byte-identical to an uninterrupted run. The journal is
+removed once the manifest is written; a finished manifest with the same plan serves as the record after that.
+The plan knows inputs by path and size: an input rewritten in place at the same size goes unnoticed, so after
+editing a data set, convert into a fresh OUT.
+
+Parallel: `workers` processes write whole shards. Several nodes share the work: every node computes the same
+plan, and node i of N writes the shards whose index (counting train shards, then val shards) is i modulo N,
+plus `manifest.node-<i>-of-<N>.json`; `merge_manifests` then writes `manifest.json`. A single node writes
+`manifest.json` itself.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as futures
+import contextlib
+import ctypes
 import hashlib
 import io
 import json
+import multiprocessing
 import os
+import queue
 import random
+import signal
+import sys
 import tarfile
+import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
+import PIL
 from PIL import Image, ImageFile
 from pydantic import BaseModel, ValidationError
 
-SPLITS = ("train", "val")
+from training.sources import SPLITS, Source, discover, read_input
+
 FORMAT, VERSION = "webdataset", 1
 MANIFEST = "manifest.json"
-REENCODE_QUALITY = 95
+JOURNAL = ".journal"
+DEFAULT_QUALITY = 95
+MAX_PIXELS = 1 << 30  # a larger image is rejected rather than decoded (Pillow's own limit is 89 Mpx)
+ENCODER = f"pillow {PIL.__version__}"  # re-encoded bytes depend on it, so finished shards do too
+RESAMPLE = Image.Resampling.BICUBIC  # antialiased in Pillow; Lanczos is 40% slower for no visible gain at these scales
+PROGRESS_BATCH = 16  # inputs a worker process handles between two progress reports
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Source:
-    """One input file. `problem` is set when the listing alone shows it cannot become a sample."""
-
-    split: str
-    path: str  # relative to SRC, with forward slashes
-    wnid: str
-    key: str
-    problem: str | None = None
+class ConvertError(ValueError):
+    """A problem with the run as a whole (options, SRC, OUT); the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,13 @@ class ShardPlan:
     name: str
     split: str
     sources: list[Source]
+    fingerprint: str  # sha256 of everything that decides the shard's bytes
+
+
+@dataclass(frozen=True)
+class Encoding:
+    resize: int | None = None
+    quality: int = DEFAULT_QUALITY
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -85,36 +114,73 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:06d}.tar"
 
 
-def plan(sources: dict[str, list[Source]], shard_size: int, seed: int) -> list[ShardPlan]:
+def fingerprint(name: str, sources: Sequence[Source], labels: dict[str, int], encoding: Encoding) -> str:
+    """sha256 of what decides a shard's bytes: its inputs (where, how big, key, label) and the encoding."""
+    planned = [[s.path, s.container, s.offset, s.size, s.key, labels.get(s.wnid), s.problem] for s in sources]
+    text = json.dumps([FORMAT, VERSION, ENCODER, name, encoding.resize, encoding.quality, planned])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def plan(
+    sources: dict[str, list[Source]], shard_size: int, seed: int, labels: dict[str, int], encoding: Encoding
+) -> list[ShardPlan]:
     """Every shard of the run, train shards first; identical on every node."""
-    return [
-        ShardPlan(shard_name(split, i), split, chunk)
-        for split in SPLITS
-        if split in sources
-        for i, chunk in enumerate(plan_shards(sources[split], shard_size, seed))
-    ]
+    shards = []
+    for split in SPLITS:
+        for i, chunk in enumerate(plan_shards(sources.get(split, []), shard_size, seed)):
+            name = shard_name(split, i)
+            shards.append(ShardPlan(name, split, chunk, fingerprint(name, chunk, labels, encoding)))
+    return shards
 
 
-def prepare_image(data: bytes) -> tuple[bytes | None, str | None]:
+def plan_digest(shards: Sequence[ShardPlan]) -> str:
+    return hashlib.sha256("\n".join(s.fingerprint for s in shards).encode()).hexdigest()
+
+
+def resized_size(width: int, height: int, resize: int | None) -> tuple[int, int] | None:
+    """(w, h) with the shorter side `resize`, or None when the image needs no shrinking."""
+    short = min(width, height)
+    if resize is None or short <= resize:
+        return None
+    if width <= height:
+        return resize, max(1, round(height * resize / width))
+    return max(1, round(width * resize / height)), resize
+
+
+def prepare_image(data: bytes, encoding: Encoding = Encoding()) -> tuple[bytes | None, str | None]:
     """The JPEG bytes to store for an input file, or None and the reason it is rejected.
 
-    A clean RGB JPEG (baseline or progressive) passes through unchanged; any other image Pillow decodes
-    fully is re-encoded as an RGB JPEG.
+    A clean RGB JPEG (baseline or progressive) that needs no resizing passes through unchanged, checked by
+    decoding every byte at 1/8 scale (a truncated or corrupt file fails the same way as at full scale, for a
+    fraction of the work); any other image Pillow decodes is re-encoded as an RGB JPEG, shrunk first when it
+    is larger than `encoding.resize`.
     """
     if not data:
         return None, "empty file"
     try:
         with Image.open(io.BytesIO(data)) as image:
-            image.load()  # decodes every byte: a truncated file fails here, not in the trainer
-            if image.format == "JPEG" and image.mode == "RGB":
+            width, height = image.size
+            if width * height > MAX_PIXELS:
+                return None, f"image too large: {width}x{height} px is over {MAX_PIXELS} px"
+            target = resized_size(width, height, encoding.resize)
+            if target is None and image.format == "JPEG" and image.mode == "RGB":
+                image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                image.load()  # decodes every byte: a truncated file fails here, not in the trainer
                 return data, None
+            if target is not None:
+                image.draft("RGB", target)  # JPEG: decode at the smallest DCT scale still at least `target`
+            image.load()
             rgb = image.convert("RGB")
+            if target is not None:
+                rgb = rgb.resize(target, RESAMPLE)
     except Image.UnidentifiedImageError:
         return None, "truncated or corrupt image: cannot identify image file"
+    except Image.DecompressionBombError as exc:
+        return None, f"image too large: {' '.join(str(exc).split())}"
     except Exception as exc:  # Pillow's decoders raise many types; any of them means this file is unusable
         return None, f"truncated or corrupt image: {' '.join(str(exc).split()) or type(exc).__name__}"
     buf = io.BytesIO()
-    rgb.save(buf, format="JPEG", quality=REENCODE_QUALITY)
+    rgb.save(buf, format="JPEG", quality=encoding.quality)
     return buf.getvalue(), None
 
 
@@ -136,6 +202,7 @@ def build_manifest(
     shards: list[dict],
     rejected: list[dict],
     options: dict,
+    plan_sha256: str,
 ) -> dict:
     """The manifest for these shards; shards and rejected inputs are sorted, so the result is canonical."""
     split_order = {split: i for i, split in enumerate(SPLITS)}
@@ -156,6 +223,7 @@ def build_manifest(
         "shards": shards,
         "rejected": rejected,
         "options": options,
+        "plan_sha256": plan_sha256,
     }
 
 
@@ -163,57 +231,26 @@ def node_manifest_name(node_index: int, node_count: int) -> str:
     return f"manifest.node-{node_index}-of-{node_count}.json"
 
 
+def check_options(shard_size: int, resize: int | None, quality: int, workers: int, node_index: int,
+                  node_count: int) -> None:
+    if shard_size < 1:
+        raise ConvertError(f"shard_size must be 1 or more, got {shard_size}")
+    if resize is not None and resize < 1:
+        raise ConvertError(f"resize must be 1 or more, got {resize}")
+    if not 1 <= quality <= 100:
+        raise ConvertError(f"quality must be between 1 and 100, got {quality}")
+    if workers < 1:
+        raise ConvertError(f"workers must be 1 or more, got {workers}")
+    if node_count < 1:
+        raise ConvertError(f"node_count must be 1 or more, got {node_count}")
+    if not 0 <= node_index < node_count:
+        raise ConvertError(
+            f"node_index must be between 0 and node_count - 1 ({node_count - 1}), got {node_index}"
+        )
+
+
 # ---------------------------------------------------------------------------------------------------------
-# The shell: listing, reading, writing.
-
-
-def discover(src: Path) -> tuple[list[str], dict[str, list[Source]]]:
-    """The sorted class list and, per split present, its input files sorted by path."""
-    wnids: set[str] = set()
-    sources: dict[str, list[Source]] = {}
-    for split in SPLITS:
-        split_dir = src / split
-        if not split_dir.is_dir():
-            continue
-        entries = sorted(split_dir.iterdir())
-        class_dirs = [p for p in entries if p.is_dir()]
-        strays = [p for p in entries if not p.is_dir()]
-        if not class_dirs:
-            if strays:
-                raise ValueError(
-                    f"{split_dir} holds {len(strays)} files but no <wnid>/ class folders; "
-                    f"sort them into {split}/<wnid>/ first"
-                )
-            continue
-        found = [Source(split, rel(p, src), "", p.stem, "outside a class folder") for p in strays]
-        for class_dir in class_dirs:
-            wnids.add(class_dir.name)
-            for p in sorted(f for f in class_dir.rglob("*") if f.is_file()):
-                problem = None if p.parent == class_dir else "in a subfolder of its class folder"
-                found.append(Source(split, rel(p, src), class_dir.name, p.stem, problem))
-        sources[split] = mark_bad_keys(sorted(found, key=lambda s: s.path))
-    if not sources:
-        raise ValueError(f"no train/ or val/ class folders under SRC {src}")
-    return sorted(wnids), sources
-
-
-def rel(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix()
-
-
-def mark_bad_keys(sources: list[Source]) -> list[Source]:
-    """Flag keys WebDataset would mangle: a '.' in the stem, or a stem already used in the split."""
-    first_with_key: dict[str, str] = {}
-    marked = []
-    for s in sources:
-        if s.problem is None and "." in s.key:
-            s = replace(s, problem="file stem contains '.', which would split the key")
-        elif s.problem is None and s.key in first_with_key:
-            s = replace(s, problem=f"duplicate key: same stem as {first_with_key[s.key]}")
-        elif s.problem is None:
-            first_with_key[s.key] = s.path
-        marked.append(s)
-    return marked
+# The shell: writing shards, the journal, the manifest.
 
 
 def sha256_of(path: Path) -> str:
@@ -224,60 +261,253 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write through a uniquely named temporary file beside `path`, then rename: readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(partial, path)
+    write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+class DigestingWriter:
+    """A write-only file object that hashes and counts what passes through it (tarfile needs write and tell)."""
+
+    def __init__(self, f):
+        self.f, self.sha256, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.f.write(data)
+        self.sha256.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+
+def journal_path(out: Path, name: str) -> Path:
+    return out / JOURNAL / f"{name}.json"
 
 
 def write_shard(
     src: Path,
     out: Path,
     shard: ShardPlan,
-    classes: dict[str, int],
-    rejected: list[dict],
-    on_sample: Callable[[], None] | None,
+    labels: dict[str, int],
+    encoding: Encoding,
+    tick: Callable[[], None],
 ) -> dict:
-    """Write one shard through `.<name>.partial`; append rejected inputs to `rejected`; return its entry."""
-    partial = out / f".{shard.name}.partial"
+    """Write one shard through a temporary file, journal it, rename it into place; return its record.
+
+    `tick` is called once per input, written or rejected.
+    """
+    rejected: list[dict] = []
     count = 0
-    with tarfile.open(partial, "w", format=tarfile.GNU_FORMAT) as tar:
-        for source in shard.sources:
-            jpeg, reason = None, source.problem
-            if reason is None:
-                try:
-                    jpeg, reason = prepare_image((src / source.path).read_bytes())
-                except OSError as exc:
-                    reason = f"unreadable: {exc.strerror or exc}"
-            if jpeg is None:
-                rejected.append({"path": source.path, "split": source.split, "reason": reason})
-            else:
-                label = str(classes[source.wnid]).encode("ascii")
-                tar.addfile(tar_member(f"{source.key}.jpg", len(jpeg)), io.BytesIO(jpeg))
-                tar.addfile(tar_member(f"{source.key}.cls", len(label)), io.BytesIO(label))
-                count += 1
-            if on_sample is not None:
-                on_sample()
-    entry = {
-        "name": shard.name,
-        "split": shard.split,
-        "count": count,
-        "bytes": partial.stat().st_size,
-        "sha256": sha256_of(partial),
-    }
-    os.replace(partial, out / shard.name)
-    return entry
+    handles: dict = {}
+    fd, partial = tempfile.mkstemp(dir=out, prefix=f".{shard.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            writer = DigestingWriter(f)
+            with tarfile.open(fileobj=writer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+                for source in shard.sources:
+                    jpeg, reason = None, source.problem
+                    if reason is None:
+                        try:
+                            jpeg, reason = prepare_image(read_input(src, source, handles), encoding)
+                        except OSError as exc:
+                            reason = f"unreadable: {exc.strerror or exc}"
+                    if jpeg is None:
+                        rejected.append({"path": source.path, "split": source.split, "reason": reason})
+                    else:
+                        label = str(labels[source.wnid]).encode("ascii")
+                        tar.addfile(tar_member(f"{source.key}.jpg", len(jpeg)), io.BytesIO(jpeg))
+                        tar.addfile(tar_member(f"{source.key}.cls", len(label)), io.BytesIO(label))
+                        count += 1
+                    tick()
+            f.flush()
+            os.fsync(f.fileno())
+        entry = {"name": shard.name, "split": shard.split, "count": count, "bytes": writer.size,
+                 "sha256": writer.sha256.hexdigest()}
+        record = {"name": shard.name, "fingerprint": shard.fingerprint, "entry": entry, "rejected": rejected}
+        write_json_atomic(journal_path(out, shard.name), record)
+        os.replace(partial, out / shard.name)
+    except OSError as exc:
+        Path(partial).unlink(missing_ok=True)
+        raise ConvertError(f"cannot write {out / shard.name}: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+    finally:
+        for f in handles.values():
+            f.close()
+    return record
+
+
+def verify(out: Path, record: dict) -> bool:
+    """Is the shard on disk the one its record describes (size and sha256)?"""
+    path, entry = out / record["name"], record["entry"]
+    try:
+        return path.stat().st_size == entry["bytes"] and sha256_of(path) == entry["sha256"]
+    except OSError:
+        return False
+
+
+def load_records(out: Path, mine: list[ShardPlan], digest: str, manifest_names: Sequence[str]) -> dict[str, dict]:
+    """Records of finished shards: a finished manifest of the same plan, then the journal (newer) on top."""
+    by_name = {s.name: s for s in mine}
+    records: dict[str, dict] = {}
+    for name in manifest_names:
+        try:
+            data = json.loads((out / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or data.get("plan_sha256") != digest:
+            continue
+        try:
+            rejected = {(r["split"], r["path"]): r for r in data["rejected"]}
+            for entry in data["shards"]:
+                shard = by_name.get(entry["name"])
+                if shard is not None:
+                    found = [rejected[(s.split, s.path)] for s in shard.sources if (s.split, s.path) in rejected]
+                    records[shard.name] = {"name": shard.name, "fingerprint": shard.fingerprint, "entry": entry,
+                                           "rejected": found}
+        except (KeyError, TypeError):  # not a manifest this code wrote: convert those shards again
+            continue
+    for shard in mine:
+        try:
+            record = json.loads(journal_path(out, shard.name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("fingerprint") == shard.fingerprint:
+            records[shard.name] = record
+    return records
+
+
+def remove_stale(out: Path, shards: list[ShardPlan], mine: list[ShardPlan], manifest_name: str,
+                 first_node: bool) -> None:
+    """Partial files of this node's shards, records and manifest (left by a killed run); on the first node,
+    also shards and journal records of names this plan does not have (left by a run with other options)."""
+    partials = [*out.glob(f".{manifest_name}.*.partial")]
+    for shard in mine:
+        partials += [*out.glob(f".{shard.name}.*.partial"), *(out / JOURNAL).glob(f".{shard.name}.*.partial")]
+    for partial in partials:
+        partial.unlink(missing_ok=True)
+    if first_node:
+        planned = {s.name for s in shards}
+        for split in SPLITS:
+            for path in out.glob(f"{split}-[0-9][0-9][0-9][0-9][0-9][0-9].tar"):
+                if path.name not in planned:
+                    path.unlink(missing_ok=True)
+        for path in (out / JOURNAL).glob("*.json"):
+            if path.name.removesuffix(".json") not in planned:
+                path.unlink(missing_ok=True)
 
 
 @contextmanager
 def strict_decoding() -> Iterator[None]:
-    """Make Pillow fail on truncated files for the duration, whatever another module set."""
-    saved = ImageFile.LOAD_TRUNCATED_IMAGES
-    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    """Make Pillow fail on truncated files and take large images quietly, for the duration."""
+    saved = ImageFile.LOAD_TRUNCATED_IMAGES, Image.MAX_IMAGE_PIXELS
+    ImageFile.LOAD_TRUNCATED_IMAGES, Image.MAX_IMAGE_PIXELS = False, MAX_PIXELS
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            yield
     finally:
-        ImageFile.LOAD_TRUNCATED_IMAGES = saved
+        ImageFile.LOAD_TRUNCATED_IMAGES, Image.MAX_IMAGE_PIXELS = saved
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Worker processes: each writes or verifies whole shards, and reports progress through a queue.
+
+_progress: multiprocessing.Queue | None = None
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies, so a kill -9 of the run leaves no
+    worker writing behind it."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def init_worker(progress: multiprocessing.Queue, parent: int) -> None:
+    global _progress
+    _progress = progress
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; the workers die with it
+    die_with_parent(parent)
+
+
+def worker_write(src: Path, out: Path, shard: ShardPlan, labels: dict[str, int], encoding: Encoding) -> dict:
+    pending = 0
+
+    def tick() -> None:
+        nonlocal pending
+        pending += 1
+        if pending == PROGRESS_BATCH:
+            _progress.put(pending)
+            pending = 0
+
+    with strict_decoding():
+        record = write_shard(src, out, shard, labels, encoding, tick)
+    if pending:
+        _progress.put(pending)
+    return record
+
+
+@contextmanager
+def worker_pool(workers: int) -> Iterator[tuple[futures.ProcessPoolExecutor, multiprocessing.Queue]]:
+    ctx = multiprocessing.get_context("spawn")  # no fork: the parent may run threads (a progress bar)
+    progress = ctx.Queue()
+    pool = futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker,
+                                       initargs=(progress, os.getpid()))
+    try:
+        yield pool, progress
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    else:
+        pool.shutdown()
+    finally:
+        progress.close()
+
+
+def run_parallel(progress, jobs: list[futures.Future], expected_ticks: int, on_sample) -> list:
+    """Results of `jobs` in order, calling `on_sample` once per progress tick the workers report."""
+    received = 0
+
+    def drain(block: bool) -> None:
+        nonlocal received
+        while received < expected_ticks:
+            try:
+                n = progress.get(timeout=5) if block else progress.get_nowait()
+            except queue.Empty:
+                return
+            received += n
+            for _ in range(n):
+                on_sample()
+
+    pending = set(jobs)
+    while pending:
+        done, pending = futures.wait(pending, timeout=0.2, return_when=futures.FIRST_COMPLETED)
+        drain(block=False)
+        for job in done:
+            job.result()  # a worker's exception stops the run here
+    drain(block=True)  # the last reports may trail the results
+    return [job.result() for job in jobs]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The run.
 
 
 def convert(
@@ -286,84 +516,129 @@ def convert(
     *,
     shard_size: int = 1000,
     seed: int = 0,
+    resize: int | None = None,
+    quality: int = DEFAULT_QUALITY,
+    workers: int = 1,
     node_index: int = 0,
     node_count: int = 1,
+    on_start: Callable[[int, int], None] | None = None,
     on_sample: Callable[[], None] | None = None,
 ) -> dict:
     """Convert this node's share of SRC into shards under OUT; return the manifest it wrote.
 
-    `on_sample` is called once per input this node processes, written or rejected.
+    `on_start(inputs, kept)` is called once the plan is made and finished shards are verified: the inputs
+    left to convert and the shards kept from an earlier run. `on_sample` is then called once per input this
+    run converts, written or rejected.
     """
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be 1 or more, got {shard_size}")
-    if node_count < 1:
-        raise ValueError(f"node_count must be 1 or more, got {node_count}")
-    if not 0 <= node_index < node_count:
-        raise ValueError(
-            f"node_index must be between 0 and node_count - 1 ({node_count - 1}), got {node_index}"
-        )
+    check_options(shard_size, resize, quality, workers, node_index, node_count)
     src, out = Path(src), Path(out)
     if not src.is_dir():
-        raise ValueError(f"SRC {src} does not exist")
+        raise ConvertError(f"SRC {src} does not exist")
+    on_sample = on_sample or (lambda: None)
+    on_start = on_start or (lambda inputs, kept: None)
+    encoding = Encoding(resize, quality)
 
-    wnids, sources = discover(src)
-    classes = class_index(wnids)
-    shards = plan(sources, shard_size, seed)
-    out.mkdir(parents=True, exist_ok=True)
+    listing = discover(src)
+    labels = class_index(listing.classes)
+    shards = plan(listing.sources, shard_size, seed, labels, encoding)
+    digest = plan_digest(shards)
+    mine = [shards[i] for i in shards_for_node(len(shards), node_index, node_count)]
+    manifest_name = MANIFEST if node_count == 1 else node_manifest_name(node_index, node_count)
+    try:
+        (out / JOURNAL).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConvertError(f"cannot create {out / JOURNAL}: {exc.strerror or exc}") from None
+    remove_stale(out, shards, mine, manifest_name, first_node=node_index == 0)
+    records = load_records(out, mine, digest, [manifest_name, MANIFEST])
 
-    written: list[dict] = []
-    rejected: list[dict] = []
-    with strict_decoding():
-        for i in shards_for_node(len(shards), node_index, node_count):
-            written.append(write_shard(src, out, shards[i], classes, rejected, on_sample))
-
-    options = {"shard_size": shard_size, "seed": seed, "source": str(src)}
-    manifest = build_manifest(wnids, list(sources), written, rejected, options)
-    if node_count == 1:
-        write_json_atomic(out / MANIFEST, manifest)
-    else:
+    try:
+        done = convert_shards(src, out, mine, records, labels, encoding, workers, on_start, on_sample)
+    except BrokenProcessPool:
+        raise ConvertError("a worker process died (out of memory?); run the same command again to resume") from None
+    options = {"shard_size": shard_size, "seed": seed, "resize": resize, "quality": quality,
+               "source": str(src), "layout": listing.inputs}
+    manifest = build_manifest(listing.classes, list(listing.sources), [done[s.name]["entry"] for s in mine],
+                              [r for s in mine for r in done[s.name]["rejected"]], options, digest)
+    if node_count > 1:
         manifest["node"] = {"index": node_index, "count": node_count, "planned": [s.name for s in shards]}
-        write_json_atomic(out / node_manifest_name(node_index, node_count), manifest)
+    write_json_atomic(out / manifest_name, manifest)
+    for shard in mine:
+        journal_path(out, shard.name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # other nodes may still be writing theirs
+        (out / JOURNAL).rmdir()
     return manifest
+
+
+def convert_shards(src: Path, out: Path, mine: list[ShardPlan], records: dict[str, dict], labels: dict[str, int],
+                   encoding: Encoding, workers: int, on_start: Callable[[int, int], None],
+                   on_sample: Callable[[], None]) -> dict[str, dict]:
+    """Keep the shards whose records verify, write the others; return every shard's record by name."""
+    with contextlib.ExitStack() as stack:
+        pool = progress = None
+        if workers > 1 and mine:
+            pool, progress = stack.enter_context(worker_pool(min(workers, len(mine))))
+        candidates = [records[s.name] for s in mine if s.name in records]
+        if pool is None:
+            checks = [verify(out, r) for r in candidates]
+        else:
+            checks = list(pool.map(verify, [out] * len(candidates), candidates))
+        kept = {r["name"]: r for r, ok in zip(candidates, checks, strict=True) if ok}
+        todo = [s for s in mine if s.name not in kept]
+        inputs = sum(len(s.sources) for s in todo)
+        on_start(inputs, len(kept))
+        if pool is None:
+            with strict_decoding():
+                written = [write_shard(src, out, s, labels, encoding, on_sample) for s in todo]
+        else:
+            jobs = [pool.submit(worker_write, src, out, s, labels, encoding) for s in todo]
+            written = run_parallel(progress, jobs, inputs, on_sample)
+    return {**kept, **{r["name"]: r for r in written}}
 
 
 def merge_manifests(out: Path, node_count: int) -> dict:
     """Combine the node manifests of an N-node conversion into `manifest.json`; return it.
 
-    Fails if a node manifest is missing, if the nodes disagree on classes or options, or if a planned shard
-    is missing. With one node there is nothing to merge and the existing manifest is returned.
+    Fails if a node manifest is missing, if the nodes disagree on classes, options or plan, or if a planned
+    shard is missing. With one node there is nothing to merge and the existing manifest is returned.
     """
     out = Path(out)
     if node_count < 1:
-        raise ValueError(f"node_count must be 1 or more, got {node_count}")
+        raise ConvertError(f"node_count must be 1 or more, got {node_count}")
     if node_count == 1:
         return load_manifest(out)
+    for partial in out.glob(f".{MANIFEST}.*.partial"):  # left by a merge that was killed
+        partial.unlink(missing_ok=True)
     parts = []
     for i in range(node_count):
         path = out / node_manifest_name(i, node_count)
         if not path.is_file():
-            raise ValueError(f"{path} not found: node {i} of {node_count} has not finished converting")
-        parts.append(json.loads(path.read_text()))
+            raise ConvertError(f"{path} not found: node {i} of {node_count} has not finished converting")
+        try:
+            parts.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ConvertError(f"{path} is unreadable: {exc}") from None
     first = parts[0]
 
     def agreed(part: dict) -> tuple:
-        return part["classes"], list(part["splits"]), part["options"], part["node"]["planned"]
+        return (part["classes"], list(part["splits"]), part["options"], part.get("plan_sha256"),
+                part["node"]["planned"])
 
     if any(agreed(part) != agreed(first) for part in parts[1:]):
-        raise ValueError(
+        raise ConvertError(
             f"node manifests under {out} disagree on classes, options or shard plan; "
             "convert again on every node"
         )
     shards = [shard for part in parts for shard in part["shards"]]
     missing = sorted(set(first["node"]["planned"]) - {s["name"] for s in shards})
     if missing:
-        raise ValueError(f"shards missing from the node manifests under {out}: {', '.join(missing)}")
+        raise ConvertError(f"shards missing from the node manifests under {out}: {', '.join(missing)}")
     manifest = build_manifest(
         first["classes"],
         list(first["splits"]),
         shards,
         [r for part in parts for r in part["rejected"]],
         first["options"],
+        first["plan_sha256"],
     )
     write_json_atomic(out / MANIFEST, manifest)
     return manifest
@@ -396,6 +671,9 @@ class _Options(BaseModel):
     shard_size: int
     seed: int
     source: str
+    resize: int | None = None
+    quality: int = DEFAULT_QUALITY
+    layout: dict[str, str] = {}
 
 
 class _Manifest(BaseModel):
@@ -406,6 +684,7 @@ class _Manifest(BaseModel):
     shards: list[_Shard]
     rejected: list[_Rejected]
     options: _Options
+    plan_sha256: str | None = None
 
 
 def load_manifest(directory: Path) -> dict:

@@ -1,8 +1,16 @@
-"""Reads WebDataset shards (KEY.jpg + KEY.cls) for one rank and yields uint8 batches.
+"""Reads WebDataset shards (KEY.jpg + KEY.cls) for one rank and yields uint8 NCHW batches.
 
-Shards are split across ranks (rank r reads shards r, r+W, r+2W, ...). Every rank runs the same number
-of steps per epoch, computed from the manifest, so no rank waits on a collective the others never call.
-Training: a seeded shuffle buffer, RandomResizedCrop + flip. Validation: every sample exactly once.
+Shards are split across ranks (rank r reads shards r, r+W, r+2W, ...), so across the job every sample is read
+once per epoch. Every rank runs the same number of steps per epoch, computed from the manifest, so no rank
+waits on a collective the others never call.
+
+Within a rank, worker processes each take a share of the rank's shards (reshuffled every epoch for training)
+and hand back whole batches; each worker's last, partial batch is merged with the others' in the main process,
+so a rank yields count // batch full batches for training (at most batch - 1 samples left out, whatever the
+number of workers) and exactly its samples, once, for validation. Training: a seeded shuffle buffer per
+worker, RandomResizedCrop + flip; validation: in shard order, resize + center crop (training.transforms).
+Batches are uint8 NCHW (channels_last memory) and pinned when asked, so the copy to the GPU is asynchronous
+and normalization happens there.
 """
 
 from __future__ import annotations
@@ -12,12 +20,13 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from training import convert
-from training.transforms import train_transform, val_transform
+from training.transforms import collate, train_transform, val_transform
+
+SHUFFLE_BUFFER = 2000  # samples (encoded) each worker holds to shuffle across shard boundaries
 
 
 class DataError(ValueError):
@@ -48,63 +57,116 @@ def steps_per_epoch(shards: list[dict], world: int, batch: int) -> int:
 def read_shard(path: Path) -> Iterator[tuple[str, bytes, int]]:
     """(key, jpeg bytes, class index) for each sample, in shard order."""
     pending: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(path) as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            key, _, ext = member.name.rpartition(".")
-            f = tar.extractfile(member)
-            assert f is not None
-            pending.setdefault(key, {})[ext] = f.read()
-            sample = pending[key]
-            if "jpg" in sample and "cls" in sample:
-                del pending[key]
-                yield key, sample["jpg"], int(sample["cls"])
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                key, _, ext = member.name.rpartition(".")
+                f = tar.extractfile(member)
+                assert f is not None
+                pending.setdefault(key, {})[ext] = f.read()
+                sample = pending[key]
+                if "jpg" in sample and "cls" in sample:
+                    del pending[key]
+                    yield key, sample["jpg"], int(sample["cls"])
+    except (OSError, tarfile.TarError, ValueError) as exc:
+        raise DataError(f"{path.name}: unreadable shard: {' '.join(str(exc).split())}") from None
     if pending:
         raise DataError(f"{path.name}: samples without both .jpg and .cls: {', '.join(sorted(pending)[:3])}")
 
 
 class ShardStream(IterableDataset):
-    """One rank's samples. Train: shuffled through a buffer, augmented; val: in order, center-cropped."""
+    """One rank's samples as batches, split across the DataLoader's workers.
 
-    def __init__(self, paths: list[Path], size: int, train: bool, seed: int = 0, epoch: int = 0,
-                 rank: int = 0, shuffle_buffer: int = 2000):
-        self.paths, self.size, self.train = paths, size, train
+    Yields (images uint8 NCHW, labels int64, full) with `full` False only for a worker's last, short batch.
+    """
+
+    def __init__(self, paths: list[Path], size: int, batch: int, train: bool, seed: int = 0, epoch: int = 0,
+                 rank: int = 0, shuffle_buffer: int = SHUFFLE_BUFFER):
+        self.paths, self.size, self.batch, self.train = paths, size, batch, train
         self.seed, self.epoch, self.rank, self.shuffle_buffer = seed, epoch, rank, shuffle_buffer
 
-    def __iter__(self) -> Iterator[tuple[np.ndarray, int]]:
+    def my_paths(self) -> tuple[list[Path], random.Random]:
+        """This worker's shards (reshuffled each epoch for training) and its random stream."""
         info = get_worker_info()
         wid, nworkers = (info.id, info.num_workers) if info else (0, 1)
-        rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{wid}")
-        paths = list(self.paths[wid::nworkers])
+        paths = list(self.paths)
+        if self.train:
+            random.Random(f"{self.seed}:{self.epoch}:{self.rank}").shuffle(paths)
+        return paths[wid::nworkers], random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{wid}")
+
+    def samples(self, paths: list[Path], rng: random.Random) -> Iterator[tuple[str, bytes, int, Path]]:
         if not self.train:
             for p in paths:
-                for _, jpeg, label in read_shard(p):
-                    yield val_transform(jpeg, self.size), label
+                yield from ((key, data, label, p) for key, data, label in read_shard(p))
             return
-        rng.shuffle(paths)
-        buffer: list[tuple[bytes, int]] = []
+        buffer: list[tuple[str, bytes, int, Path]] = []
         for p in paths:
-            for _, jpeg, label in read_shard(p):
-                buffer.append((jpeg, label))
+            for key, data, label in read_shard(p):
+                buffer.append((key, data, label, p))
                 if len(buffer) >= self.shuffle_buffer:
-                    jpeg_out, label_out = buffer.pop(rng.randrange(len(buffer)))
-                    yield train_transform(jpeg_out, self.size, rng), label_out
+                    yield buffer.pop(rng.randrange(len(buffer)))
         rng.shuffle(buffer)
-        for jpeg, label in buffer:
-            yield train_transform(jpeg, self.size, rng), label
+        yield from buffer
+
+    def transform(self, key: str, data: bytes, path: Path, rng: random.Random) -> torch.Tensor:
+        try:
+            return train_transform(data, self.size, rng) if self.train else val_transform(data, self.size)
+        except Exception as exc:  # any decoder error: name the sample, in one line
+            raise DataError(f"{path.name}: {key}.jpg cannot be decoded: {' '.join(str(exc).split())}") from None
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, bool]]:
+        paths, rng = self.my_paths()
+        images: list[torch.Tensor] = []
+        labels: list[int] = []
+        for key, data, label, path in self.samples(paths, rng):
+            images.append(self.transform(key, data, path, rng))
+            labels.append(label)
+            if len(images) == self.batch:
+                yield collate(images), torch.tensor(labels, dtype=torch.long), True
+                images, labels = [], []
+        if images:
+            yield collate(images), torch.tensor(labels, dtype=torch.long), False
 
 
-def _collate(samples: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    images = torch.from_numpy(np.stack([s[0] for s in samples]))
-    labels = torch.tensor([s[1] for s in samples], dtype=torch.long)
-    return images, labels
+class Loader:
+    """Iterates (images uint8 NCHW, labels int64) batches: the workers' full batches, then their remainders
+    merged into full batches; the last short one only when not `drop_last`."""
+
+    def __init__(self, stream: ShardStream, workers: int, pin_memory: bool, drop_last: bool):
+        self.stream, self.pin_memory, self.drop_last = stream, pin_memory, drop_last
+        self.loader = DataLoader(stream, batch_size=None, num_workers=workers, pin_memory=pin_memory,
+                                 persistent_workers=False)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batch = self.stream.batch
+        rest_images: list[torch.Tensor] = []  # NHWC
+        rest_labels: list[torch.Tensor] = []
+        held = 0
+        for images, labels, full in self.loader:
+            if full:
+                yield images, labels
+                continue
+            rest_images.append(images.permute(0, 2, 3, 1))
+            rest_labels.append(labels)
+            held += len(labels)
+            while held >= batch:
+                merged, merged_labels = torch.cat(rest_images), torch.cat(rest_labels)
+                yield self.pinned(merged[:batch].permute(0, 3, 1, 2)), self.pinned(merged_labels[:batch])
+                rest_images, rest_labels = [merged[batch:]], [merged_labels[batch:]]
+                held -= batch
+        if held and not self.drop_last:
+            yield self.pinned(torch.cat(rest_images).permute(0, 3, 1, 2)), self.pinned(torch.cat(rest_labels))
+
+    def pinned(self, t: torch.Tensor) -> torch.Tensor:
+        return t.pin_memory() if self.pin_memory else t
 
 
 def make_loader(data: Path, shards: list[dict], size: int, batch: int, train: bool, *, seed: int, epoch: int,
-                rank: int, workers: int, pin_memory: bool = False) -> DataLoader:
-    paths = [data / s["name"] for s in shards]
-    workers = min(workers, len(paths))
-    return DataLoader(ShardStream(paths, size, train, seed=seed, epoch=epoch, rank=rank),
-                      batch_size=batch, num_workers=workers, collate_fn=_collate,
-                      drop_last=train, pin_memory=pin_memory, persistent_workers=False)
+                rank: int, workers: int, pin_memory: bool = False, shuffle_buffer: int = SHUFFLE_BUFFER) -> Loader:
+    """Batches of this rank's `shards` under `data`: training (augmented, shuffled, full batches only) or
+    validation (every sample once, in order)."""
+    paths = [Path(data) / s["name"] for s in shards]
+    stream = ShardStream(paths, size, batch, train, seed=seed, epoch=epoch, rank=rank, shuffle_buffer=shuffle_buffer)
+    return Loader(stream, min(workers, len(paths)), pin_memory, drop_last=train)

@@ -1,0 +1,143 @@
+"""`launch data convert` from the command line: on this machine, by hand on N nodes, and on a local cluster.
+
+The cluster test runs the real thing: `launch data convert --cluster local` on a 2-node local sshd cluster
+(its nodes share this machine's filesystem, as cluster nodes share FSx), against a single-machine run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from clusterutil import assert_one_line_error, launch
+
+from launcher import dataprep
+from launcher.cluster import Cluster, Node
+from training.convert import convert
+from training.sample import make_sample
+
+OPTIONS = {"shard_size": 3, "seed": 4, "quality": 90}
+CLI_OPTIONS = ["--shard-size", "3", "--seed", "4", "--quality", "90"]
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """A small data set with one bad input, and its single-machine conversion."""
+    root = tmp_path_factory.mktemp("cli")
+    make_sample(root / "src", classes=3, per_class=5, val_per_class=2, seed=2)
+    (root / "src" / "val" / "n01443537" / "ILSVRC2012_val_00000099.JPEG").write_bytes(b"\xff\xd8\xff")
+    return root / "src", root / "single", convert(root / "src", root / "single", **OPTIONS)
+
+
+def test_convert_prints_what_it_wrote_and_every_rejection(source, tmp_path):
+    src, single, manifest = source
+    proc = launch(tmp_path / "home", "data", "convert", str(src), "--out", str(tmp_path / "out"), "--workers", "2",
+                  *CLI_OPTIONS, check=True)
+    assert f"wrote {tmp_path / 'out'}/manifest.json (train: 15 samples in 5 shards, val: 6 samples in 3 shards); " \
+           "1 input(s) rejected" in proc.stdout
+    assert "rejected val/n01443537/ILSVRC2012_val_00000099.JPEG: truncated or corrupt image" in proc.stderr
+    assert files_under(tmp_path / "out") == files_under(single)
+
+
+def test_by_hand_on_two_nodes_then_merge(source, tmp_path):
+    src, single, manifest = source
+    out, home = tmp_path / "out", tmp_path / "home"
+    for node in ("1", "0"):
+        proc = launch(home, "data", "convert", str(src), "--out", str(out), "--node-index", node, "--node-count", "2",
+                      "--workers", "1", *CLI_OPTIONS, check=True)
+        assert f"manifest.node-{node}-of-2.json" in proc.stdout
+        if node == "1":
+            assert_one_line_error(launch(home, "data", "convert", "--out", str(out), "--node-count", "2", "--merge"),
+                                  "node 0 of 2 has not finished converting")
+    launch(home, "data", "convert", "--out", str(out), "--node-count", "2", "--merge", check=True)
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    for entry in manifest["shards"]:
+        assert (out / entry["name"]).read_bytes() == (single / entry["name"]).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--out", "o"], "missing argument SRC"),
+        (["nowhere", "--out", "o"], "SRC nowhere does not exist"),
+        (["{src}", "--out", "{tmp}/o", "--quality", "0"], "quality must be between 1 and 100, got 0"),
+        (["{src}", "--out", "{tmp}/o", "--node-index", "2", "--node-count", "2"],
+         "node_index must be between 0 and node_count - 1 (1), got 2"),
+        (["{src}", "--out", "o", "--merge"], "--merge takes only --out and --node-count"),
+        (["{src}", "--out", "o", "--cluster", "nosuch"], "unknown cluster 'nosuch'"),
+        (["{src}", "--out", "o", "--resize", "x"], "Invalid value for '--resize'"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(source, tmp_path, args, message):
+    args = [a.format(src=source[0], tmp=tmp_path) for a in args]
+    assert_one_line_error(launch(tmp_path / "home", "data", "convert", *args), message)
+
+
+def test_cluster_commands_give_each_node_its_share_and_cores():
+    nodes = [Node(name=f"node{i}", address="127.0.0.1", port=2200 + i, role="worker", slots=1, cpus=4,
+                  workdir=f"/w/{i}") for i in range(2)]
+    nodes.append(Node(name="reducer0", address="127.0.0.1", port=2202, role="reducer", slots=0, cpus=8,
+                      workdir="/w/r"))
+    cluster = Cluster(name="c", backend="local", nodes=nodes, user="u", ssh_config="/s", known_hosts="/k",
+                      python="/venv/bin/python")
+    spec = dataprep.ConvertSpec(src="/fsx/imagenet raw", out="/fsx/shards", resize=256)
+    steps = dataprep.plan_convert(cluster, spec)
+    base = ("/venv/bin/python -m launcher data convert '/fsx/imagenet raw' --out /fsx/shards --shard-size 1000 "
+            "--seed 0 --quality 95 --resize 256")
+    assert [(n.name, cmd) for n, cmd in steps] == [
+        ("node0", f"{base} --workers 4 --node-index 0 --node-count 3 2>&1"),
+        ("node1", f"{base} --workers 4 --node-index 1 --node-count 3 2>&1"),
+        ("reducer0", f"{base} --workers 8 --node-index 2 --node-count 3 2>&1"),
+    ]
+    assert dataprep.merge_command(cluster, spec, 3) == (
+        "/venv/bin/python -m launcher data convert --out /fsx/shards --node-count 3 --merge 2>&1")
+    fixed = dataprep.plan_convert(cluster, spec.model_copy(update={"workers": 2}))
+    assert all("--workers 2 " in cmd for _, cmd in fixed)
+
+
+@pytest.mark.cluster
+def test_convert_on_a_two_node_local_cluster_matches_one_machine(source, tmp_path):
+    src, single, manifest = source
+    home, out = tmp_path / "home", tmp_path / "shared"
+    launch(home, "local", "up", "--nodes", "2", check=True)
+    try:
+        proc = launch(home, "data", "convert", str(src), "--out", str(out), "--cluster", "local", *CLI_OPTIONS)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "[node0] wrote" in proc.stdout and "[node1] wrote" in proc.stdout
+        assert f"wrote {out}/manifest.json (train: 15 samples in 5 shards, val: 6 samples in 3 shards)" in proc.stdout
+        assert json.loads((out / "manifest.json").read_text()) == manifest
+        node_manifests = [json.loads((out / f"manifest.node-{i}-of-2.json").read_text()) for i in range(2)]
+        written = [{e["name"] for e in part["shards"]} for part in node_manifests]
+        assert written[0] and written[1] and not written[0] & written[1]  # both nodes worked, on disjoint shards
+        for entry in manifest["shards"]:
+            assert (out / entry["name"]).read_bytes() == (single / entry["name"]).read_bytes()
+
+        # Started again: every node verifies and keeps its shards.
+        proc = launch(home, "data", "convert", str(src), "--out", str(out), "--cluster", "local", *CLI_OPTIONS)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "[node0] resuming: " in proc.stdout and "[node1] resuming: " in proc.stdout
+        assert json.loads((out / "manifest.json").read_text()) == manifest
+
+        # A node that fails is named, in one line.
+        proc = launch(home, "data", "convert", str(tmp_path / "missing"), "--out", str(out), "--cluster", "local")
+        assert_one_line_error(proc, "conversion failed on node0 (exit 1), node1 (exit 1)")
+    finally:
+        launch(home, "local", "down")
+
+
+def test_progress_off_a_terminal_is_a_line_with_rate_and_eta(monkeypatch, capsys):
+    from launcher import cli
+
+    monkeypatch.setattr(cli._Tick, "LINE_EVERY_S", 0.0)
+    with cli._progress("convert", 0) as tick:
+        tick.restart(4)
+        tick()
+        tick()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    assert lines[1].startswith("convert: 2/4 images, ") and " img/s, ETA 00:00:0" in lines[1]
