@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict
 
 from launcher.cluster import Cluster, Node
 
+ENGINES = ("horovod", "ddp", "reducer")   # training/engine.py's; not imported from there, so plans need no torch
+DDP_PORT = 29500               # the DDP rendezvous port on the first node
+
 
 class TrainSpec(BaseModel):
     """What `launch train` asks the trainer to do (paths are as the nodes see them)."""
@@ -26,6 +29,8 @@ class TrainSpec(BaseModel):
     warmup_epochs: float | None = None
     workers: int = 2
     resume: bool = False
+    engine: str = "horovod"         # horovod, ddp or reducer (training/engine.py)
+    reducers: int = 0               # reducer processes (one per reducer node) with the reducer engine
     extra_args: tuple[str, ...] = ()
 
 
@@ -47,6 +52,13 @@ def rank_env(cluster: Cluster, nodes: list[Node]) -> dict[str, str]:
     return env
 
 
+def engine_env(spec: TrainSpec, nodes: list[Node]) -> dict[str, str]:
+    """DDP's rendezvous: the first node's private address (Horovod needs nothing, MPI tells it everything)."""
+    if spec.engine not in ("ddp", "reducer"):
+        return {}
+    return {"MASTER_ADDR": nodes[0].address, "MASTER_PORT": str(DDP_PORT)}
+
+
 def trainer_argv(python: str, spec: TrainSpec) -> list[str]:
     argv = [python, "-m", "training.train", "--data", spec.data, "--output", spec.output,
             "--model", spec.model, "--image-size", str(spec.image_size), "--epochs", str(spec.epochs),
@@ -55,6 +67,10 @@ def trainer_argv(python: str, spec: TrainSpec) -> list[str]:
         argv += ["--warmup-epochs", str(spec.warmup_epochs)]
     if spec.resume:
         argv.append("--resume")
+    if spec.engine != "horovod":
+        argv += ["--engine", spec.engine]
+    if spec.reducers:
+        argv += ["--reducers", str(spec.reducers)]
     return argv + list(spec.extra_args)
 
 
@@ -71,7 +87,7 @@ def mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_p
     if cluster.mpi_interface:
         argv += ["--mca", "btl_tcp_if_include", cluster.mpi_interface,
                  "--mca", "oob_tcp_if_include", cluster.mpi_interface]
-    for key, value in sorted(rank_env(cluster, nodes).items()):
+    for key, value in sorted((rank_env(cluster, nodes) | engine_env(spec, nodes)).items()):
         argv += ["-x", f"{key}={value}"]
     return argv + trainer_argv(cluster.python, spec)
 
@@ -104,3 +120,49 @@ def fabric_mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hos
     for key, value in sorted(fabric_env.items()):
         out += ["-x", f"{key}={value}"]
     return out + trainer
+
+
+def reducer_argv(python: str, workers: int) -> list[str]:
+    """The reducer program (training/reducer.py) of the reducer tier, told how many worker ranks come first."""
+    return [python, "-m", "training.reducer", "--workers", str(workers)]
+
+
+def mpmd_hostfile(workers: list[Node], reducers: list[Node]) -> str:
+    """The hostfile of a run with a reducer tier: the workers' slots, then one slot per reducer node."""
+    return hostfile(workers) + "".join(f"{n.name} slots=1\n" for n in reducers)
+
+
+def mpmd_mpirun_argv(cluster: Cluster, workers: list[Node], reducers: list[Node], spec: TrainSpec,
+                     hostfile_path: str) -> list[str]:
+    """One mpirun for the reducer tier (seed 004), OpenMPI's MPMD colon syntax: the trainer on the worker nodes'
+    slots (ranks 0..W-1), then the reducer program once on each reducer node (ranks W..W+K-1). Environment is
+    per program in OpenMPI, so each gets its own ``-x``; reducers get the threads of their own nodes."""
+    if not reducers or spec.reducers != len(reducers) or spec.engine != "reducer":
+        raise ValueError(f"the reducer tier needs engine 'reducer' and spec.reducers == {len(reducers)} reducer "
+                         f"node(s); got engine '{spec.engine}' and reducers={spec.reducers}")
+    ranks = sum(n.slots for n in workers)
+    argv = ["mpirun"]
+    if cluster.user == "root":
+        argv.append("--allow-run-as-root")
+    argv += ["--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
+             "--mca", "plm_rsh_agent", f"ssh -F {cluster.ssh_config}",
+             "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
+    if cluster.mpi_interface:
+        argv += ["--mca", "btl_tcp_if_include", cluster.mpi_interface,
+                 "--mca", "oob_tcp_if_include", cluster.mpi_interface]
+    rendezvous = engine_env(spec, workers)
+    worker_env = rank_env(cluster, workers) | rendezvous
+    reducer_env = rank_env(cluster, workers) | rendezvous | {"OMP_NUM_THREADS": str(min(n.cpus for n in reducers))}
+    if cluster.mpi_interface:  # gloo's own sockets stay on the MPI interface too
+        worker_env["GLOO_SOCKET_IFNAME"] = reducer_env["GLOO_SOCKET_IFNAME"] = cluster.mpi_interface
+    for count, nodes, env, program in (
+            (ranks, workers, worker_env, trainer_argv(cluster.python, spec)),
+            (len(reducers), reducers, reducer_env, reducer_argv(cluster.python, ranks))):
+        if nodes is reducers:
+            argv.append(":")
+        argv += ["-np", str(count), "-host", ",".join(f"{n.name}:{n.slots if nodes is workers else 1}"
+                                                       for n in nodes)]
+        for key, value in sorted(env.items()):
+            argv += ["-x", f"{key}={value}"]
+        argv += program
+    return argv

@@ -54,6 +54,15 @@ def test_threads_share_the_machine():
     assert plan.rank_env(local_cluster(2), local_cluster(2).workers)["OMP_NUM_THREADS"] == "8"
 
 
+def test_ddp_engine_gets_its_rendezvous_and_horovod_runs_unchanged():
+    c = local_cluster(2)
+    ddp = plan.mpirun_argv(c, c.workers, SPEC.model_copy(update={"engine": "ddp"}), "/runs/r1/hostfile")
+    assert ddp[ddp.index("MASTER_ADDR=127.0.0.1") - 1:][:2] == ["-x", "MASTER_ADDR=127.0.0.1"]
+    assert f"MASTER_PORT={plan.DDP_PORT}" in ddp and ddp[-2:] == ["--engine", "ddp"]
+    hvd = plan.mpirun_argv(c, c.workers, SPEC, "/runs/r1/hostfile")
+    assert "--engine" not in hvd and not any(a.startswith("MASTER_") for a in hvd)
+
+
 def test_resume_and_extra_args_reach_the_trainer():
     spec = SPEC.model_copy(update={"resume": True, "extra_args": ("--seed", "3")})
     argv = plan.trainer_argv("python", spec)

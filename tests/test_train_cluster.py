@@ -84,11 +84,24 @@ def test_a_failed_run_leaves_the_cluster_up(env):
     assert launch(home, "exec", "--", "true").returncode == 0
 
 
+def test_ddp_engine_over_the_same_cluster(env):
+    # The image may lack Horovod: `--engine ddp` trains with torch.distributed (gloo here) from the same plan.
+    root, home = env
+    run = root / "ddp"
+    proc = launch(home, "train", "--data", str(root / "shards"), "--epochs", "1", "--output", str(run),
+                  "--engine", "ddp", *TINY, "--", "--dump-rank-params")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    assert "[node0] training resnet18 on 2 rank(s) (ddp)" in proc.stdout
+    p0, p1 = torch.load(run / "params-rank0.pt"), torch.load(run / "params-rank1.pt")
+    assert all(torch.equal(p0[k], p1[k]) for k in p0)
+
+
 def test_bad_train_options(env):
     root, home = env
     assert_one_line_error(launch(home, "train", "--model", "vgg16"), "unknown model 'vgg16'; choose one of")
     assert_one_line_error(launch(home, "train", "--nodes", "5"), "--nodes 5 is more than the 2 worker")
     assert_one_line_error(launch(home, "train", "--resume"), "--resume needs --output")
+    assert_one_line_error(launch(home, "train", "--engine", "mxnet"), "--engine must be one of: horovod, ddp")
 
 
 def test_teardown_on_failure_brings_the_cluster_down(tmp_path):

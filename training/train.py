@@ -1,18 +1,23 @@
-"""Data-parallel ResNet training with Horovod: the seed-000 recipe, one readable loop.
+"""Data-parallel ResNet training with Horovod (or DDP): the seed-000 recipe, one readable loop.
 
 Runs on every rank under `mpirun` (the launcher builds that line):
     python -m training.train --data SHARDS --output RUN_DIR [--model resnet50] [--epochs 90] ...
-Rank 0 alone writes: metrics.jsonl, checkpoints, the summary line. Every distributed call is marked
-`# Horovod:`.
+    python -m training.train --synthetic --output RUN_DIR ...      # random tensors on the device, no I/O
+Rank 0 alone writes: metrics.jsonl, checkpoints, TensorBoard events, summary.json and the summary line.
+Every distributed call goes through training/engine.py and is marked `# Distributed:`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
 import json
 import os
 import random
+import re
 import sys
+import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from training import engine as engines
 from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
 from training.model import ARCHITECTURES, build_model
 from training.schedule import lr_at, peak_lr
@@ -29,60 +35,109 @@ from training.transforms import normalize
 
 @dataclass
 class Config:
-    data: str                       # directory with manifest.json and the shards
+    data: str                       # directory with manifest.json and the shards (not needed with --synthetic)
     output: str                     # run directory: metrics.jsonl, checkpoints, summary.json
-    model: str = "resnet50"
+    model: str = "resnet50"         # architecture (ResNet v1.5)
     image_size: int = 224           # px, square crops
-    epochs: int = 90
-    batch_per_gpu: int = 256        # images per rank per step
+    epochs: int = 90                # passes over the training set
+    batch_per_gpu: int = 256        # images per rank per optimizer step (split over --backward-passes-per-step)
+    backward_passes_per_step: int = 1  # micro-batches per step; gradients are reduced once per step
     lr_per_256: float = 0.1         # LR per 256 images, scaled linearly with the global batch
     warmup_epochs: float = 10.0     # linear warmup from warmup_start to the peak
-    warmup_start: float = 0.001
+    warmup_start: float = 0.001     # LR at step 0
     decay: str = "poly"             # poly (power 2, seed 000) or cosine
     momentum: float = 0.9           # Nesterov
-    weight_decay: float = 1e-4
-    label_smoothing: float = 0.0
+    weight_decay: float = 1e-4      # L2 penalty in SGD
+    decay_bn_bias: bool = True      # False: no weight decay on BatchNorm parameters and biases
+    label_smoothing: float = 0.0    # 0 = plain cross-entropy (seed 000); 0.1 is common
     zero_gamma: bool = True         # last BN gamma of each residual block starts at 0
     precision: str = "auto"         # auto (fp16 on GPU, fp32 on CPU), fp32, bf16, fp16
     loss_scale: str = "dynamic"     # dynamic, or a number (seed 000: 1024) for a static scale
-    fp16_allreduce: bool = False    # Horovod fp16 gradient compression
+    initial_loss_scale: float = 65536.0  # where dynamic scaling starts (halved on inf, doubled every 2000 steps)
+    engine: str = "horovod"         # horovod, ddp (torch.distributed: NCCL on GPU, gloo on CPU), or reducer
+    reducers: int = 0               # with --engine reducer: reducer processes started beside the workers (MPMD)
+    fp16_allreduce: bool = False    # fp16 gradient compression on the wire
+    val_every: int = 0              # validate every k epochs; 0 = once, at the end
     workers: int = 2                # data loader processes per rank
     threads: int = 0                # torch CPU threads per rank; 0 = OMP_NUM_THREADS or all cores / ranks
     log_every: int = 10             # steps
     seed: int = 0
     resume: bool = False
+    synthetic: bool = False         # random uint8 batches made on the device: pure compute throughput
+    steps_per_epoch: int = 0        # 0 = as many as the data allows (100 with --synthetic)
+    num_classes: int = 1000         # with --synthetic only; otherwise the manifest's class list decides
+    tensorboard: bool = True        # write TensorBoard events when tensorboard is installed
     dump_rank_params: bool = False  # each rank saves its final parameters (consistency checks)
 
 
 class TrainError(RuntimeError):
-    """A problem with the run's inputs; one line for the user."""
+    """A problem with the run's inputs; one line for the user.
+
+    `everywhere`: every rank reached the same verdict (rank 0 says it once); otherwise the rank that hit it
+    says it, prefixed with its rank.
+    """
+
+    def __init__(self, message: str, everywhere: bool = True):
+        super().__init__(message)
+        self.everywhere = everywhere
+
+
+CHOICES = {"model": sorted(ARCHITECTURES), "decay": ["poly", "cosine"],
+           "precision": ["auto", "fp32", "bf16", "fp16"], "engine": list(engines.ENGINES)}
+
+
+def _field_help() -> dict[str, str]:
+    """Each option's help is the comment beside its field in Config: one place says what an option means."""
+    return dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(Config), flags=re.M))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, said once (by rank 0), then every rank exits 2."""
+        if _rank() == 0:
+            print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    p = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
+    p = _Parser(prog="python -m training.train", description=__doc__.splitlines()[0],
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    helps = _field_help()
     for name, default in asdict(Config(data="", output="")).items():
-        flag = "--" + name.replace("_", "-")
-        if name in ("data", "output"):
-            p.add_argument(flag, required=True)
+        flag, kw = "--" + name.replace("_", "-"), {"help": helps.get(name, " ")}
+        if name == "output":
+            p.add_argument(flag, required=True, **kw)
+        elif name == "data":
+            p.add_argument(flag, default="", **kw)
         elif isinstance(default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-        elif name == "model":
-            p.add_argument(flag, default=default, choices=sorted(ARCHITECTURES))
-        elif name == "decay":
-            p.add_argument(flag, default=default, choices=["poly", "cosine"])
-        elif name == "precision":
-            p.add_argument(flag, default=default, choices=["auto", "fp32", "bf16", "fp16"])
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, **kw)
+        elif name in CHOICES:
+            p.add_argument(flag, default=default, choices=CHOICES[name], **kw)
         else:
-            p.add_argument(flag, type=type(default), default=default)
+            p.add_argument(flag, type=type(default), default=default, **kw)
     cfg = Config(**vars(p.parse_args(argv)))
-    for name in ("epochs", "batch_per_gpu", "image_size", "log_every"):
+    for name in ("epochs", "batch_per_gpu", "image_size", "log_every", "backward_passes_per_step", "num_classes",
+                 "initial_loss_scale"):
         if getattr(cfg, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    for name in ("steps_per_epoch", "val_every", "threads", "workers"):
+        if getattr(cfg, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.batch_per_gpu % cfg.backward_passes_per_step:
+        p.error(f"--batch-per-gpu {cfg.batch_per_gpu} must be a multiple of --backward-passes-per-step "
+                f"{cfg.backward_passes_per_step}")
+    if (cfg.engine == "reducer") != (cfg.reducers > 0):
+        p.error(f"--engine reducer needs --reducers K >= 1 (and only it takes them); got --engine {cfg.engine} "
+                f"--reducers {cfg.reducers}")
+    if not cfg.data and not cfg.synthetic:
+        p.error("--data is required (a directory made by `launch data convert`), unless --synthetic")
     if cfg.loss_scale != "dynamic":
         try:
-            float(cfg.loss_scale)
+            scale = float(cfg.loss_scale)
         except ValueError:
-            p.error(f"--loss-scale must be 'dynamic' or a number, got '{cfg.loss_scale}'")
+            scale = 0.0
+        if not scale > 0:
+            p.error(f"--loss-scale must be 'dynamic' or a positive number, got '{cfg.loss_scale}'")
     return cfg
 
 
@@ -91,6 +146,15 @@ def accuracy_counts(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> li
     top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
     hits = top.eq(labels.view(-1, 1))
     return [int(hits[:, :k].any(dim=1).sum()) for k in ks]
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, decay_bn_bias: bool) -> list[dict]:
+    """SGD parameter groups: weight decay on everything, or (decay_bn_bias=False) not on BN and biases."""
+    if decay_bn_bias:
+        return [{"params": list(model.parameters()), "weight_decay": weight_decay}]
+    no_decay = [p for p in model.parameters() if p.ndim <= 1]  # BN gamma/beta and every bias are 1-d
+    decay = [p for p in model.parameters() if p.ndim > 1]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def newest_checkpoint(out: Path, model: str) -> tuple[Path, dict] | None:
@@ -113,181 +177,272 @@ def save_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def train(cfg: Config) -> dict:
-    import horovod.torch as hvd
+def tensorboard_writer(enabled: bool, directory: Path):
+    """A SummaryWriter when asked for and tensorboard is installed; None otherwise."""
+    if not enabled:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(log_dir=str(directory))
 
-    # Horovod: initialize and pin this rank to a GPU (local rank), or share the cores on CPU.
-    hvd.init()
-    rank, world = hvd.rank(), hvd.size()
+
+def synthetic_batches(batch: int, size: int, classes: int, device: torch.device, seed: int, rank: int):
+    """One fixed random uint8 batch (NCHW, as the loader hands them) on the device, forever: no I/O at all."""
+    g = torch.Generator().manual_seed(seed * 100_003 + rank)
+    images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=g).to(device)
+    labels = torch.randint(0, classes, (batch,), generator=g).to(device)
+    while True:
+        yield images, labels
+
+
+READ_ERRORS = (DataError, OSError, EOFError, tarfile.TarError)  # a shard that cannot be read or decoded
+
+
+def rank_local(e: Exception) -> TrainError:
+    """A data error one rank hit mid-run (possibly re-raised from a loader worker, traceback and all), as one
+    line: the original exception's last line without its class name."""
+    last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    return TrainError(re.sub(r"^[\w.]+(Error|Exception): ", "", last), everywhere=False)
+
+
+def train(cfg: Config) -> dict:
+    # Distributed: start the engine; pin this rank to a GPU (local rank), or share the cores on CPU.
+    engine = engines.start(cfg.engine, reducers=cfg.reducers)
+    rank, world = engine.rank, engine.size
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", hvd.local_rank()) if cuda else torch.device("cpu")
+    device = torch.device("cuda", engine.local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
     else:
         torch.set_num_threads(cfg.threads or int(os.environ.get("OMP_NUM_THREADS", 0))
-                              or max(1, (os.cpu_count() or 1) // hvd.local_size()))
+                              or max(1, (os.cpu_count() or 1) // engine.local_size))
     precision = cfg.precision if cfg.precision != "auto" else ("fp16" if cuda else "fp32")
     memory_format = torch.channels_last if cuda else torch.contiguous_format
     log = print if rank == 0 else (lambda *a, **k: None)
+    passes = cfg.backward_passes_per_step
 
+    # What this run reads: the manifest's shards, or nothing at all with --synthetic.
     data, out = Path(cfg.data), Path(cfg.output)
-    manifest = load_manifest(data)
-    num_classes = len(manifest["classes"])
-    train_shards, val_shards = shards_of(manifest, "train"), shards_of(manifest, "val")
-    if len(train_shards) < world:
-        raise TrainError(f"{len(train_shards)} training shard(s) for {world} ranks: every rank needs one; "
-                         f"convert with a smaller --shard-size")
-    steps = steps_per_epoch(train_shards, world, cfg.batch_per_gpu)
-    if steps == 0:
-        smallest = min(sum(s["count"] for s in rank_shards(train_shards, r, world)) for r in range(world))
-        raise TrainError(f"--batch-per-gpu {cfg.batch_per_gpu} is larger than the {smallest} samples the "
-                         f"smallest rank holds; use a batch of at most {smallest}")
+    if cfg.synthetic:
+        num_classes, train_shards, val_shards = cfg.num_classes, [], []
+        steps = cfg.steps_per_epoch or 100
+    else:
+        manifest = load_manifest(data)
+        num_classes = len(manifest["classes"])
+        train_shards, val_shards = shards_of(manifest, "train"), shards_of(manifest, "val")
+        if len(train_shards) < world:
+            raise TrainError(f"{len(train_shards)} training shard(s) for {world} ranks: every rank needs one; "
+                             f"convert with a smaller --shard-size")
+        steps = steps_per_epoch(train_shards, world, cfg.batch_per_gpu)
+        if steps == 0:
+            smallest = min(sum(s["count"] for s in rank_shards(train_shards, r, world)) for r in range(world))
+            raise TrainError(f"--batch-per-gpu {cfg.batch_per_gpu} is larger than the {smallest} samples the "
+                             f"smallest rank holds; use a batch of at most {smallest}")
+        steps = min(steps, cfg.steps_per_epoch or steps)
     global_batch = cfg.batch_per_gpu * world
     peak = peak_lr(global_batch, cfg.lr_per_256)
 
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, num_classes, zero_init_residual=cfg.zero_gamma)
-    model = model.to(device, memory_format=memory_format)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.warmup_start, momentum=cfg.momentum,
-                                nesterov=True, weight_decay=cfg.weight_decay)
-    scaler = torch.amp.GradScaler("cuda" if cuda else "cpu", enabled=precision == "fp16",
-                                  init_scale=2.0**16 if cfg.loss_scale == "dynamic" else float(cfg.loss_scale),
-                                  growth_interval=2000 if cfg.loss_scale == "dynamic" else 10**9,
-                                  backoff_factor=0.5 if cfg.loss_scale == "dynamic" else 1.0)
+    net = build_model(cfg.model, num_classes, zero_init_residual=cfg.zero_gamma)
+    net = net.to(device, memory_format=memory_format)
+    optimizer = torch.optim.SGD(param_groups(net, cfg.weight_decay, cfg.decay_bn_bias), lr=cfg.warmup_start,
+                                momentum=cfg.momentum, nesterov=True)
+    # fp16: dynamic loss scaling, or a static scale (update() pins it; a step with inf/nan is still skipped).
+    static_scale = None if cfg.loss_scale == "dynamic" else float(cfg.loss_scale)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16",
+                                  init_scale=static_scale or cfg.initial_loss_scale)
 
-    start_epoch = 0
+    # Distributed: wrap the model/optimizer so gradients are averaged across ranks during backward. Before the
+    # checkpoint is loaded: Horovod's wrapper is a new optimizer over the same parameters, without their state.
+    model, optimizer = engine.prepare(net, optimizer, fp16_allreduce=cfg.fp16_allreduce,
+                                      backward_passes_per_step=passes)
+
+    start_epoch, problem = 0, None
     if cfg.resume and rank == 0:
-        found = newest_checkpoint(out, cfg.model)
+        try:
+            found = newest_checkpoint(out, cfg.model)
+        except TrainError as e:
+            found, problem = None, str(e)
         if found:
             path, state = found
-            model.load_state_dict(state["model"])
+            net.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             scaler.load_state_dict(state["scaler"])
+            torch.set_rng_state(state["rng"]["torch"])
+            random.setstate(state["rng"]["python"])
+            np.random.set_state(state["rng"]["numpy"])
             start_epoch = state["epoch"] + 1
             log(f"resuming from {path.name}: epoch {start_epoch}, step {state['step'] + 1}", flush=True)
-        else:
+        elif problem is None:
             log(f"--resume: no checkpoint in {out}; starting from scratch", flush=True)
-    # Horovod: every rank starts from rank 0's parameters, optimizer state and epoch.
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)
+    # Distributed: every rank learns rank 0's verdict, then starts from its parameters, optimizer state,
+    # loss scale and epoch.
+    start_epoch, problem = engine.broadcast_object((start_epoch, problem), "resume.verdict")
+    if problem:
+        raise TrainError(problem)
+    engine.broadcast_state(net, optimizer)
+    if scaler.is_enabled():
+        scaler.load_state_dict(engine.broadcast_object(scaler.state_dict(), "scaler.state"))
 
-    # Horovod: wrap the optimizer so gradients are averaged across ranks during backward.
-    compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression, op=hvd.Average)
-
+    metrics = tb = None
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         metrics = open(out / "metrics.jsonl", "a")  # noqa: SIM115 - closed at the end of the run
-    log(f"training {cfg.model} on {world} rank(s), {num_classes} classes, {steps} steps/epoch, "
+        tb = tensorboard_writer(cfg.tensorboard, out / "tensorboard")
+    source = "synthetic data" if cfg.synthetic else f"{num_classes} classes"
+    log(f"training {cfg.model} on {world} rank(s) ({engine.name}), {source}, {steps} steps/epoch, "
         f"global batch {global_batch}, peak lr {peak:.4g}, {precision}, {device.type}", flush=True)
 
     def record(**row) -> None:
         if rank == 0:
             metrics.write(json.dumps(row) + "\n")
             metrics.flush()
+            if tb is not None:
+                for key in ("lr", "loss", "images_per_sec", "top1", "top5", "loss_scale"):
+                    if row.get(key) is not None:
+                        tb.add_scalar(f"train/{key}" if key not in ("top1", "top5") else f"val/{key}",
+                                      row[key], row["step"])
+
+    def validation(epoch: int, step: int, lr: float, loss) -> tuple:
+        top1, top5, count = validate(net, data, val_shards, cfg, device, memory_format, engine)
+        if top1 is not None:
+            record(epoch=epoch, step=step, lr=lr, loss=loss, images_per_sec=None, top1=top1, top5=top5)
+            log(f"validation after epoch {epoch}: top-1 {top1:.2%} top-5 {top5:.2%} on {count} images", flush=True)
+        return top1, top5, count
 
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    run_start, images_seen = time.perf_counter(), 0
+    train_time, images_seen, skipped_total = 0.0, 0, 0
+    steady_images, steady_time, first_window = 0, 0.0, True
+    mean_loss, lr = None, cfg.warmup_start
+    val = (None, None, 0)
     for epoch in range(start_epoch, cfg.epochs):
         model.train()
-        loader = make_loader(data, rank_shards(train_shards, rank, world), cfg.image_size, cfg.batch_per_gpu,
-                             train=True, seed=cfg.seed, epoch=epoch, rank=rank, workers=cfg.workers,
-                             pin_memory=cuda)
-        epoch_start, window_start, loss_sum = time.perf_counter(), time.perf_counter(), 0.0
-        batches = iter(loader)
+        if cfg.synthetic:
+            batches = synthetic_batches(cfg.batch_per_gpu, cfg.image_size, num_classes, device, cfg.seed, rank)
+        else:
+            batches = iter(make_loader(data, rank_shards(train_shards, rank, world), cfg.image_size,
+                                       cfg.batch_per_gpu, train=True, seed=cfg.seed, epoch=epoch, rank=rank,
+                                       workers=cfg.workers, pin_memory=cuda))
+        epoch_start = window_start = time.perf_counter()
+        loss_sum, skipped = torch.zeros((), device=device), 0
         for i in range(steps):
             step = epoch * steps + i
             lr = lr_at(step, steps, cfg.epochs, peak, cfg.warmup_epochs, cfg.warmup_start, cfg.decay)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            images, labels = next(batches)
-            x = normalize(images.to(device, non_blocking=True), memory_format)
-            y = labels.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = F.cross_entropy(model(x), y, label_smoothing=cfg.label_smoothing)
+            try:
+                images, labels = next(batches)
+            except READ_ERRORS as e:
+                raise rank_local(e) from None
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             optimizer.zero_grad()
-            scaler.scale(loss).backward()
-            if scaler.is_enabled():
-                # Horovod: finish the allreduce before unscaling, so the scaler sees reduced gradients.
-                optimizer.synchronize()
-                scaler.unscale_(optimizer)
-                with optimizer.skip_synchronize():
-                    scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            loss_sum += float(loss.detach())
-            if (i + 1) % cfg.log_every == 0 or i + 1 == steps:
-                # Horovod: the logged loss is the mean over ranks.
-                mean_loss = float(hvd.allreduce(torch.tensor(loss_sum / ((i % cfg.log_every) + 1)),
-                                                op=hvd.Average, name="log.loss"))
+            try:
+                # Micro-batches: gradients add up locally; the reduction runs once, after the last one.
+                for k, (x, y) in enumerate(zip(images.chunk(passes), labels.chunk(passes), strict=True)):
+                    with engine.accumulate(model) if k < passes - 1 else contextlib.nullcontext():
+                        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                            loss = F.cross_entropy(model(normalize(x, memory_format)), y,
+                                                   label_smoothing=cfg.label_smoothing) / passes
+                        scaler.scale(loss).backward()
+                    loss_sum += loss.detach().float()
+                # Distributed: the optimizer step sees gradients averaged over all ranks.
+                skipped += engine.step(optimizer, scaler, static_scale)
+            except torch.OutOfMemoryError:
+                raise TrainError(f"--batch-per-gpu {cfg.batch_per_gpu} of {cfg.image_size}px images does not fit "
+                                 f"in GPU memory with {cfg.model} ({precision}); use a smaller batch or "
+                                 f"--backward-passes-per-step", everywhere=False) from None
+            n = (i % cfg.log_every) + 1
+            if n == cfg.log_every or i + 1 == steps:
+                # Distributed: the logged loss is the mean over ranks.
+                mean_loss = float(engine.allreduce(loss_sum.cpu() / n, "mean", name="log.loss"))
                 now = time.perf_counter()
-                n = (i % cfg.log_every) + 1
                 ips = n * global_batch / (now - window_start)
-                record(epoch=epoch, step=step + 1, lr=lr, loss=mean_loss, images_per_sec=ips)
+                if not first_window:
+                    steady_images, steady_time = steady_images + n * global_batch, steady_time + now - window_start
+                first_window = False
+                row = dict(epoch=epoch, step=step + 1, lr=lr, loss=mean_loss, images_per_sec=ips)
+                if scaler.is_enabled():
+                    row.update(loss_scale=scaler.get_scale(), skipped_steps=skipped_total + skipped)
+                record(**row)
                 log(f"epoch {epoch} step {step + 1} lr {lr:.4g} loss {mean_loss:.4f} {ips:.0f} img/s", flush=True)
-                window_start, loss_sum = now, 0.0
-        del batches, loader
+                window_start, loss_sum = now, torch.zeros((), device=device)
+        del batches
         epoch_time = time.perf_counter() - epoch_start
+        train_time += epoch_time
         images_seen += steps * global_batch
-        # Horovod: average BatchNorm running statistics, so the checkpoint and validation use one model.
-        for name, buf in model.named_buffers():
+        skipped_total += skipped
+        # Distributed: average BatchNorm running statistics, so the checkpoint and validation use one model.
+        for name, buf in net.named_buffers():
             if buf.is_floating_point():
-                buf.copy_(hvd.allreduce(buf, op=hvd.Average, name=f"bn.{name}"))
+                buf.copy_(engine.allreduce(buf, "mean", name=f"bn.{name}"))
         record(epoch=epoch, step=(epoch + 1) * steps, lr=lr, loss=mean_loss,
                images_per_sec=steps * global_batch / epoch_time, epoch_time_s=epoch_time)
         if rank == 0:
-            save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            save_atomic({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
                          "scaler": scaler.state_dict(), "epoch": epoch, "step": (epoch + 1) * steps - 1,
                          "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                                  "numpy": np.random.get_state()},
                          "config": asdict(cfg)},
                         out / f"checkpoint-epoch{epoch:03d}.pt")
+        if cfg.val_every and (epoch + 1) % cfg.val_every == 0 and epoch + 1 < cfg.epochs and not cfg.synthetic:
+            val = validation(epoch, (epoch + 1) * steps, lr, mean_loss)
 
-    top1, top5, val_count = validate(model, data, val_shards, cfg, device, memory_format, hvd)
-    elapsed = time.perf_counter() - run_start
-    summary = {"model": cfg.model, "classes": num_classes, "ranks": world, "epochs": cfg.epochs,
-               "steps_per_epoch": steps,
-               "global_batch": global_batch, "top1": top1, "top5": top5, "val_samples": val_count,
-               "train_images": images_seen, "images_per_sec": images_seen / elapsed if images_seen else 0.0,
-               "time_s": elapsed, "precision": precision, "device": device.type}
-    if top1 is not None:
-        record(epoch=cfg.epochs - 1, step=cfg.epochs * steps, lr=0.0, loss=mean_loss if images_seen else None,
-               images_per_sec=summary["images_per_sec"], top1=top1, top5=top5)
+    if not cfg.synthetic:
+        val = validation(cfg.epochs - 1, cfg.epochs * steps, lr, mean_loss)
+    top1, top5, val_count = val
+    summary = {"model": cfg.model, "engine": engine.name, "classes": num_classes, "ranks": world,
+               "epochs": cfg.epochs, "steps_per_epoch": steps, "global_batch": global_batch,
+               "top1": top1, "top5": top5, "val_samples": val_count, "train_images": images_seen,
+               "images_per_sec": images_seen / train_time if images_seen else 0.0,
+               "steady_images_per_sec": steady_images / steady_time if steady_time else None,
+               "time_s": train_time, "skipped_steps": skipped_total, "precision": precision,
+               "device": torch.cuda.get_device_name(device) if cuda else "cpu", "synthetic": cfg.synthetic}
     if cfg.dump_rank_params:
-        torch.save({k: v.detach().cpu() for k, v in model.named_parameters()}, out / f"params-rank{rank}.pt")
+        torch.save({k: v.detach().cpu() for k, v in net.named_parameters()}, out / f"params-rank{rank}.pt")
     if rank == 0:
         metrics.close()
+        if tb is not None:
+            tb.close()
         tmp = out / ".summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         os.replace(tmp, out / "summary.json")
         top = "n/a" if top1 is None else f"{top1:.2%}"
         log(f"summary: {cfg.model} {world} ranks, {cfg.epochs} epochs, top-1 {top}, "
-            f"{summary['images_per_sec']:.0f} img/s, {elapsed:.1f} s", flush=True)
+            f"{summary['images_per_sec']:.0f} img/s, {train_time:.1f} s", flush=True)
+    engine.shutdown()
     return summary
 
 
 @torch.no_grad()
-def validate(model, data: Path, val_shards: list[dict], cfg: Config, device, memory_format, hvd):
+def validate(net, data: Path, val_shards: list[dict], cfg: Config, device, memory_format, engine):
     """Top-1 / top-5 over exactly the validation set: each rank its own shards, counts summed."""
-    model.eval()
-    mine = rank_shards(val_shards, hvd.rank(), hvd.size())
+    net.eval()
+    mine = rank_shards(val_shards, engine.rank, engine.size)
     counts = torch.zeros(3, dtype=torch.float64)
     if mine:
         loader = make_loader(data, mine, cfg.image_size, cfg.batch_per_gpu, train=False, seed=cfg.seed,
-                             epoch=0, rank=hvd.rank(), workers=cfg.workers)
-        for images, labels in loader:
-            logits = model(normalize(images.to(device), memory_format)).float()
-            c1, c5 = accuracy_counts(logits, labels.to(device))
-            counts += torch.tensor([c1, c5, len(labels)], dtype=torch.float64)
-    # Horovod: sum the hit counts and sample counts of all ranks.
-    counts = hvd.allreduce(counts, op=hvd.Sum, name="val.counts")
+                             epoch=0, rank=engine.rank, workers=cfg.workers)
+        try:
+            for images, labels in loader:
+                logits = net(normalize(images.to(device), memory_format)).float()
+                c1, c5 = accuracy_counts(logits, labels.to(device))
+                counts += torch.tensor([c1, c5, len(labels)], dtype=torch.float64)
+        except READ_ERRORS as e:
+            raise rank_local(e) from None
+    # Distributed: sum the hit counts and sample counts of all ranks.
+    counts = engine.allreduce(counts, "sum", name="val.counts")
+    net.train()
     total = int(counts[2])
     if total == 0:
         return None, None, 0
     return float(counts[0]) / total, float(counts[1]) / total, total
+
+
+def _rank() -> int:
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,10 +450,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg)
     except (TrainError, DataError) as e:
-        # Every rank reaches the same verdict from the same manifest and options; rank 0 says it once.
-        if os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
+        # A verdict every rank reached (same manifest, same options) is said once, by rank 0; one rank's own
+        # problem is said by that rank.
+        everywhere = getattr(e, "everywhere", True)
+        if _rank() == 0 or not everywhere:
+            where = "" if everywhere else f"rank {_rank()}: "
+            print(f"error: {where}{e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # No orderly MPI shutdown: mpirun sees a rank leave and stops the others instead of letting them wait.
+        os._exit(1)
     return 0
 
 
