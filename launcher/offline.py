@@ -87,11 +87,16 @@ def plan_document(
     tier_instance = get(est.tier_type) if est.tier_type else None
     cluster = hypothetical_cluster(instance, nodes, tier=tier_instance, tier_nodes=est.tier_nodes)
     workers = cluster.workers
+    tiered = est.strategy == "reducers" and bool(cluster.reducers)
     spec = plan.TrainSpec(data=PLACEHOLDERS["data"], output=PLACEHOLDERS["output"], epochs=workload.epochs,
-                          batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs)
+                          batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs,
+                          engine="reducer" if tiered else "horovod", reducers=len(cluster.reducers) if tiered else 0)
     fabric = efa.fabric_env(instance, versions)
-    argv = plan.fabric_mpirun_argv(cluster, workers, spec, f"{spec.output}/hostfile", fabric_env=fabric,
-                                   mca=efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface))
+    if tiered:  # one MPMD mpirun: the trainer on the workers, training.reducer on the reducer nodes
+        argv = plan.mpmd_mpirun_argv(cluster, workers, cluster.reducers, spec, f"{spec.output}/hostfile")
+    else:
+        argv = plan.fabric_mpirun_argv(cluster, workers, spec, f"{spec.output}/hostfile", fabric_env=fabric,
+                                       mca=efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface))
     ranks = sum(n.slots for n in workers)
     global_batch = ranks * batch_per_gpu
     steps = steps_per_epoch(workload.images_per_epoch, ranks, batch_per_gpu)
@@ -100,7 +105,7 @@ def plan_document(
         "shape": {"instance_type": instance.name, "nodes": nodes, "gpus_per_node": instance.gpus, "ranks": ranks,
                   "strategy": est.strategy, "reducer_type": est.tier_type, "reducers": est.tier_nodes,
                   "market": est.market, "efa": instance.has_efa},
-        "hostfile": plan.hostfile(workers),
+        "hostfile": plan.mpmd_hostfile(workers, cluster.reducers) if tiered else plan.hostfile(workers),
         "mpirun": argv,
         "env": {**plan.rank_env(cluster, workers), **fabric},
         "efa_devices": efa.efa_devices(instance, [n.name for n in workers]),
@@ -117,8 +122,8 @@ def plan_document(
 def _notes(est: Estimate) -> list[str]:
     notes = ["node names and paths are placeholders until the stack is deployed and discovered"]
     if est.strategy == "reducers":
-        notes.append("the estimate models the reducer tier; the trainer's engines today are Horovod and DDP, so "
-                     "`launch train` reduces with the ring until a reducer engine exists")
+        notes.append("the reducer engine (training/reducer.py) moves gradients over gloo on TCP, not NCCL over "
+                     "EFA: on GPU nodes it stages buckets through host memory")
     elif est.strategy == "ps":
         notes.append("parameter servers are modelled for comparison (seed 003); the trainer has no "
                      "parameter-server engine")

@@ -60,7 +60,9 @@ def prepare_sample_data(cluster: Cluster, node: Node, output: str, ranks: int) -
     return shards
 
 
-def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_data: bool) -> RunResult:
+def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_data: bool,
+          reducers: list[Node] | None = None) -> RunResult:
+    """`reducers`: reducer nodes for the reducer tier (spec.engine 'reducer'); one MPMD mpirun starts both."""
     first = nodes[0]
     out = shlex.quote(spec.output)
     _on_first(cluster, first, f"mkdir -p {out}", "creating the output directory")
@@ -74,10 +76,15 @@ def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_dat
     train_images = sum(s["count"] for s in json.loads(text)["shards"] if s["split"] == "train")
 
     hostfile_path = f"{spec.output}/hostfile"
-    _on_first(cluster, first, f"printf %s {shlex.quote(plan.hostfile(nodes))} > {shlex.quote(hostfile_path)}",
+    hosts = plan.mpmd_hostfile(nodes, reducers) if reducers else plan.hostfile(nodes)
+    _on_first(cluster, first, f"printf %s {shlex.quote(hosts)} > {shlex.quote(hostfile_path)}",
               "writing the hostfile")
-    argv = plan.mpirun_argv(cluster, nodes, spec, hostfile_path)
-    print(f"[launch] {len(nodes)} node(s), {sum(n.slots for n in nodes)} rank(s): {plan.command_line(argv)}",
+    if reducers:
+        argv = plan.mpmd_mpirun_argv(cluster, nodes, reducers, spec, hostfile_path)
+    else:
+        argv = plan.mpirun_argv(cluster, nodes, spec, hostfile_path)
+    tier = f", {len(reducers)} reducer node(s)" if reducers else ""
+    print(f"[launch] {len(nodes)} node(s), {sum(n.slots for n in nodes)} rank(s){tier}: {plan.command_line(argv)}",
           flush=True)
     code, _ = remote.stream(cluster, first, plan.command_line(argv))
 

@@ -47,7 +47,10 @@ def test_plan_json_golden_with_reducers(tmp_path, monkeypatch, capsys):
     assert_golden("plan-p3dn.24xlarge-reducers.json", out)
     doc = json.loads(out)
     assert doc["reducer_nodes"] == ["reducer0", "reducer1", "reducer2", "reducer3"]
-    assert doc["hostfile"] == "".join(f"node{i} slots=8\n" for i in range(4))  # reducers run no training ranks
+    # 8 training ranks per worker node; one reducer process per reducer node, started by the same MPMD mpirun
+    assert doc["hostfile"] == "".join(f"node{i} slots=8\n" for i in range(4)) + "".join(
+        f"reducer{i} slots=1\n" for i in range(4))
+    assert ":" in doc["mpirun"] and doc["mpirun"][-4:-2] == ["-m", "training.reducer"]
     assert doc["estimate"]["strategy"] == "reducers" and doc["estimate"]["tier_nodes"] == 4
 
 
