@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -31,20 +32,43 @@ err = Console(stderr=True, soft_wrap=True)
 ClusterOpt = typer.Option(None, "--cluster", help="Cluster name; defaults to the only cluster there is.")
 
 
+class _Tick:
+    """The per-image tick of a progress display: a rich bar with images/s and ETA on a terminal, else a plain
+    line every LINE_EVERY_S seconds (a node's output relayed by `--cluster` is not a terminal)."""
+
+    LINE_EVERY_S = 30.0
+
+    def __init__(self, bar: Progress, what: str, total: int):
+        self.bar, self.what = bar, what
+        self.task = bar.add_task(what, total=max(total, 0), rate="")
+        self.restart(total)
+
+    def restart(self, total: int) -> None:
+        """Count `total` images from now (the clock too: images/s and ETA are for the work left)."""
+        self.total, self.done, self.start = max(total, 0), 0, time.perf_counter()
+        self.last_line = self.start
+        self.bar.reset(self.task, total=self.total, rate="")
+
+    def __call__(self) -> None:
+        self.done += 1
+        now = time.perf_counter()
+        rate = self.done / max(now - self.start, 1e-9)
+        if not self.bar.disable:
+            self.bar.update(self.task, advance=1, rate=f"{rate:.0f}")
+        elif now - self.last_line >= self.LINE_EVERY_S:
+            self.last_line = now
+            eta = time.strftime("%H:%M:%S", time.gmtime(max(self.total - self.done, 0) / max(rate, 1e-9)))
+            err.print(f"{self.what}: {self.done:,}/{self.total:,} images, {rate:.0f} img/s, ETA {eta}",
+                      markup=False, highlight=False)
+
+
 @contextlib.contextmanager
-def _progress(what: str, total: int) -> Iterator[Callable[[], None]]:
-    """A progress bar with images/s and ETA on a terminal; yields the per-image tick."""
+def _progress(what: str, total: int) -> Iterator[_Tick]:
+    """A progress display (see _Tick); yields the per-image tick."""
     bar = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]:>8} img/s"),
                    TimeRemainingColumn(), console=err, disable=not err.is_terminal)
     with bar:
-        task = bar.add_task(what, total=max(total, 0), rate="")
-        start = time.perf_counter()
-
-        def tick() -> None:
-            done = bar.tasks[0].completed + 1
-            bar.update(task, advance=1, rate=f"{done / max(time.perf_counter() - start, 1e-9):.0f}")
-
-        yield tick
+        yield _Tick(bar, what, total)
 
 
 @local_app.command("up")
@@ -89,6 +113,30 @@ def exec_(command: list[str] = typer.Argument(..., help="The command (after --),
         raise LaunchError(f"failed on {len(failed)} of {len(results)} node(s): {detail}")
 
 
+@app.command("doctor")
+def doctor_cmd(cluster: str = ClusterOpt,
+               storage: str = typer.Option("auto", "--storage", help="Shared storage to expect on AWS nodes: "
+                                                                     "auto (Lustre or BeeGFS), fsx, beegfs, none.")):
+    """Prove every node is ready: GPUs, driver, EFA, NCCL, Horovod, storage, clocks, then a test across nodes."""
+    from launcher import doctor, doctor_run
+
+    c = clusters.load(cluster)
+    checks = doctor_run.diagnose(c, storage=storage)
+    table = Table(title=f"launch doctor: cluster '{c.name}' ({c.backend})")
+    for col in ("node", "check", "status", "detail"):
+        table.add_column(col, no_wrap=col != "detail")
+    style = {"ok": "green", "fail": "bold red", "skip": "yellow"}
+    for chk in checks:
+        table.add_row(chk.node, chk.name, f"[{style[chk.status]}]{chk.status}[/]", chk.detail.replace("[", r"\["))
+    console.print(table)
+    skipped = sum(1 for chk in checks if chk.status == "skip")
+    console.print(f"{sum(1 for chk in checks if chk.status == 'ok')} ok, {skipped} skipped "
+                  f"(not applicable on this cluster, reasons above), {sum(1 for chk in checks if chk.failed)} failed")
+    problem = doctor.verdict(checks)
+    if problem:
+        raise LaunchError(problem)
+
+
 @app.command("status")
 def status(cluster: str = ClusterOpt):
     """Nodes of a cluster and whether each answers over SSH."""
@@ -128,26 +176,82 @@ def data_sample(out: Path = typer.Option(..., "--out", help="Directory to create
 
 
 @data_app.command("convert")
-def data_convert(src: Path = typer.Argument(..., help="ILSVRC2012 root with train/<wnid>/ and val/<wnid>/."),
+def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet as you have it (see above)."),
                  out: Path = typer.Option(..., "--out", help="Directory for the shards and manifest.json."),
                  shard_size: int = typer.Option(1000, "--shard-size", help="Samples per shard."),
-                 seed: int = typer.Option(0, "--seed", help="Shuffle seed.")):
-    """Convert an ImageNet-layout directory into WebDataset shards with a manifest."""
-    from training.convert import convert
+                 resize: int = typer.Option(None, "--resize", metavar="PX",
+                                            help="Shrink images whose shorter side is over PX to PX (e.g. 256-480) "
+                                                 "and re-encode them; default: keep every image as it is."),
+                 quality: int = typer.Option(95, "--quality", metavar="Q", help="JPEG quality of re-encoded images."),
+                 seed: int = typer.Option(0, "--seed", help="Shuffle seed."),
+                 workers: int = typer.Option(None, "--workers", metavar="W",
+                                             help="Processes; default: one per core (with --cluster: the node's)."),
+                 node_index: int = typer.Option(0, "--node-index", metavar="I",
+                                                help="This machine is node I of --node-count N: it writes shards "
+                                                     "I, I+N, ... and manifest.node-I-of-N.json; when every node "
+                                                     "is done, one runs --merge."),
+                 node_count: int = typer.Option(1, "--node-count", metavar="N", help="Machines sharing the work."),
+                 merge: bool = typer.Option(False, "--merge", help="Only merge the node manifests of an N-node "
+                                                                   "conversion (--node-count N) into manifest.json."),
+                 cluster: str = typer.Option(None, "--cluster", help="Convert on every node of this cluster, then "
+                                                                     "merge; SRC and --out as the nodes see them "
+                                                                     "(shared storage).")):
+    """Convert ImageNet into WebDataset shards with a manifest; resumable, parallel over cores and nodes.
 
-    if not src.exists():
-        raise LaunchError(f"SRC {src} does not exist")
-    total = sum(1 for split in ("train", "val") for p in (src / split).glob("*/*") if p.is_file())
-    with _progress("convert", total) as tick:
-        try:
-            manifest = convert(src, out, shard_size=shard_size, seed=seed, on_sample=tick)
-        except ValueError as e:
-            raise LaunchError(str(e)) from None
-    splits = ", ".join(f"{k}: {v['samples']} samples in {v['shards']} shards"
-                       for k, v in manifest["splits"].items())
-    console.print(f"wrote {out}/manifest.json ({splits}); {len(manifest['rejected'])} input(s) rejected")
-    for r in manifest["rejected"]:
-        err.print(f"  rejected {r['path']}: {r['reason']}", markup=False, highlight=False)
+    SRC is ImageNet as you have it: train/<wnid>/ and val/ folders (val as class folders, or flat files beside
+    LOC_val_solution.csv or the devkit), and/or the official ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar,
+    read without extracting. Run again after an interruption: finished shards are verified and kept.
+    """
+    from training.convert import convert, merge_manifests
+
+    def summary(manifest: dict, where: str) -> None:
+        splits = ", ".join(f"{k}: {v['samples']} samples in {v['shards']} shards"
+                           for k, v in manifest["splits"].items())
+        console.print(f"wrote {where} ({splits or 'no shards'}); {len(manifest['rejected'])} input(s) rejected")
+        shown = 20
+        for r in manifest["rejected"][:shown]:
+            err.print(f"  rejected {r['path']}: {r['reason']}", markup=False, highlight=False)
+        if len(manifest["rejected"]) > shown:
+            err.print(f"  ... and {len(manifest['rejected']) - shown} more, listed in {where}", markup=False,
+                      highlight=False)
+
+    try:
+        if merge:
+            if cluster is not None or src is not None:
+                raise LaunchError("--merge takes only --out and --node-count")
+            summary(merge_manifests(out, node_count), f"{out}/manifest.json")
+            return
+        if src is None:
+            raise LaunchError("missing argument SRC (see `launch data convert --help`)")
+        if cluster is not None:
+            from launcher import dataprep
+
+            if (node_index, node_count) != (0, 1):
+                raise LaunchError("--cluster chooses the nodes itself; leave out --node-index and --node-count")
+            spec = dataprep.ConvertSpec(src=str(src.expanduser().resolve()), out=str(out.expanduser().resolve()),
+                                        shard_size=shard_size, seed=seed, resize=resize, quality=quality,
+                                        workers=workers)
+            summary(dataprep.convert_on_cluster(clusters.load(cluster), spec), f"{spec.out}/manifest.json")
+            return
+        if not src.exists():
+            raise LaunchError(f"SRC {src} does not exist")
+
+        def started(inputs: int, kept: int) -> None:
+            if kept:
+                err.print(f"resuming: {kept} finished shard(s) verified and kept", markup=False, highlight=False)
+            tick.restart(inputs)
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if err.is_terminal:
+            err.print(f"listing {src} ...", markup=False, highlight=False)  # 1.28M files take a while
+        with _progress("convert", 0) as tick:
+            manifest = convert(src, out, shard_size=shard_size, seed=seed, resize=resize, quality=quality,
+                               workers=workers or cores, node_index=node_index,
+                               node_count=node_count, on_start=started, on_sample=tick)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    where = "manifest.json" if node_count == 1 else f"manifest.node-{node_index}-of-{node_count}.json"
+    summary(manifest, f"{out}/{where}")
 
 
 @app.command("train", context_settings={"allow_interspersed_args": False})
@@ -164,42 +268,61 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           batch_per_gpu: int = typer.Option(256, "--batch-per-gpu", help="Images per rank per step."),
           warmup_epochs: float = typer.Option(None, "--warmup-epochs", help="Default: 10 (seed 000)."),
           workers: int = typer.Option(2, "--workers", help="Data loader processes per rank."),
+          engine: str = typer.Option("horovod", "--engine", help="horovod, or ddp (torch.distributed: NCCL on "
+                                                                 "GPU, gloo on CPU) for an image without Horovod."),
+          reducers: int = typer.Option(0, "--reducers", help="Reduce gradients on this many of the cluster's "
+                                                             "reducer nodes (seed 004's tier; engine 'reducer')."),
           output: str = typer.Option(None, "--output", help="Run directory; default runs/<time>."),
           resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --output."),
           teardown: bool = typer.Option(False, "--teardown", help="Bring the cluster down afterwards, "
                                                                   "also on failure or Ctrl-C.")):
-    """Train on the cluster with Horovod over mpirun; stream rank 0; report accuracy and AWS cost."""
+    """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
     from training.model import check_model
 
     try:
         check_model(model)
     except ValueError as e:
         raise LaunchError(str(e)) from None
+    if engine not in plan.ENGINES:
+        raise LaunchError(f"--engine must be one of: {', '.join(plan.ENGINES)}; got '{engine}'")
+    if reducers < 0:
+        raise LaunchError(f"--reducers must be >= 0, got {reducers}")
+    if reducers and engine not in ("horovod", "reducer"):
+        raise LaunchError(f"--reducers uses the reducer engine; leave out --engine {engine}")
+    if engine == "reducer" and not reducers:
+        raise LaunchError("--engine reducer needs --reducers K (reducer nodes of the cluster)")
+    engine = "reducer" if reducers else engine
     for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu), ("--image-size", image_size)):
         if value < 1:
             raise LaunchError(f"{name} must be >= 1, got {value}")
     c = clusters.load(cluster)
     try:
         chosen = c.select_workers(nodes)
+        if reducers > len(c.reducers):
+            raise LaunchError(f"--reducers {reducers} is more than the {len(c.reducers)} reducer node(s) of cluster "
+                              f"'{c.name}'; bring one up with `launch local up --nodes N --reducers K`")
         if resume and output is None:
             raise LaunchError("--resume needs --output: the run directory holding the checkpoints")
         out = run.local_output(output, time.strftime("%Y%m%d-%H%M%S"))
         data_path = str(Path(data).expanduser().resolve()) if data else ""
         spec = plan.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
                               batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
-                              resume=resume, extra_args=tuple(trainer_args or ()))
-        result = run.train(c, chosen, spec, make_data=not data)
+                              resume=resume, engine=engine, reducers=reducers,
+                              extra_args=tuple(trainer_args or ()))
+        result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers])
         if result.exit_code != 0:
             raise LaunchError(f"training failed: mpirun on {chosen[0].name} exited {result.exit_code} "
                               f"(output above); run directory {out}")
-        _report(chosen, spec, result)
+        _report(chosen, spec, result, c)
     finally:
         if teardown:
             _teardown(c)
 
 
-def _report(chosen, spec: plan.TrainSpec, result: run.RunResult) -> None:
-    from launcher import costmodel
+def _report(chosen, spec: plan.TrainSpec, result: run.RunResult, cluster: clusters.Cluster | None = None) -> None:
+    import datetime as dt
+
+    from launcher import costmodel, costshell, measured
     from training.model import flops_per_image, parameter_count
 
     s = result.summary or {}
@@ -211,20 +334,68 @@ def _report(chosen, spec: plan.TrainSpec, result: run.RunResult) -> None:
     console.print(f"metrics: {result.output}/metrics.jsonl   checkpoints: {result.output}/checkpoint-epoch*.pt")
     images = result.train_images
     ratio = flops_per_image(spec.model, spec.image_size) / flops_per_image("resnet50", 224)
-    workload = costmodel.Workload(images_per_epoch=images, epochs=spec.epochs, flops_ratio=ratio,
+    per_epoch = s["steps_per_epoch"] * s["global_batch"] if s.get("steps_per_epoch") and s.get("global_batch") \
+        else images
+    workload = costmodel.Workload(images_per_epoch=max(per_epoch, 1), epochs=spec.epochs, flops_ratio=ratio,
                                   param_count=parameter_count(spec.model, s.get("classes", 1000)))
+    figures, _ = costshell.load_measured()
+    constants, _ = costshell.model_constants()
+
+    # Measured against predicted, for the shape that ran.
+    c = cluster or costshell.cluster_of(list(chosen))
+    ran_on = c.instance_type if c is not None and c.backend == "aws" else None
+    on_gpus = s.get("device") not in (None, "cpu")
+    if not (ran_on and on_gpus):
+        where = f"{c.backend} cluster '{c.name}'" if c is not None else "this cluster"
+        console.print(f"\nmeasured vs predicted: not available -- the model predicts GPU instance types from the "
+                      f"catalog, and this run's {s.get('ranks', '?')} rank(s) ran on "
+                      f"{'CPUs' if not on_gpus else 'GPUs of an unknown instance type'} of the {where}.")
+    elif not (s.get("train_images") and s.get("images_per_sec") and s.get("time_s")):
+        console.print("\nmeasured vs predicted: not available -- the run trained no images (summary.json)")
+    else:
+        try:
+            instance = costshell.instance(ran_on)
+            book = costshell.price_book([instance], ["on-demand"], refresh=False)
+            predicted = costmodel.estimate(
+                instance, len(chosen), workload, batch_per_gpu=spec.batch_per_gpu, measured=figures,
+                precision="fp32" if s.get("precision") == "fp32" else "amp", price=book.quote(ran_on, "on-demand"),
+                constants=constants)
+            check = costmodel.check_run(predicted, images=s["train_images"], images_per_sec=s["images_per_sec"],
+                                        loop_s=s["time_s"], steady_images_per_sec=s.get("steady_images_per_sec"))
+        except (ValueError, LaunchError) as e:
+            console.print(f"\nmeasured vs predicted: no prediction ({e})")
+        else:
+            table = Table(title=f"measured vs predicted: {predicted.shape}, {predicted.market}")
+            for col in ("", "measured", "predicted", "off by"):
+                table.add_column(col, justify="left" if not col else "right", no_wrap=True)
+            for what, got, want, off in check.rows:
+                table.add_row(what, got, want, f"{off:+.1%}")
+            console.print(table)
+            console.print(check.verdict())
+            console.print(f"per-GPU figure: {predicted.throughput_source.split(':')[0]}; "
+                          f"{book.quote(ran_on, 'on-demand').label()}")
+            found = measured.from_run(instance, nodes=len(chosen), model=spec.model, image_size=spec.image_size,
+                                      summary=s, run_dir=result.output, today=dt.date.today())
+            if found:
+                try:
+                    measured.record(measured.path(clusters.state_root()), *found)
+                    console.print(f"recorded {found[1].img_per_sec:,.0f} img/s per GPU as this project's measured "
+                                  f"{found[0]} figure; the cost model now uses it")
+                except OSError as e:
+                    err.print(f"warning: could not record the measured {found[0]} figure ({e.strerror or e})")
+
     table = Table(title=f"the same run on AWS ({len(chosen)} node(s), {images} images x {spec.epochs} epochs)")
-    for col in ("instance", "img/s", "bound by", "time", "cost (USD)"):
-        table.add_column(col, justify="left" if col in ("instance", "bound by") else "right", no_wrap=True)
+    for col in ("instance", "img/s", "limited by", "time", "cost (USD)"):
+        table.add_column(col, justify="left" if col in ("instance", "limited by") else "right", no_wrap=True)
     estimates = costmodel.compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload,
-                                  batch_per_gpu=spec.batch_per_gpu)
+                                  batch_per_gpu=spec.batch_per_gpu, constants=constants)
     for e in estimates:
-        table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", e.bottleneck, f"{e.time_to_train_s / 60:.1f} min",
+        table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", e.limited_by, f"{e.time_to_train_s / 60:.1f} min",
                       f"{e.cost_usd:,.2f}")
     console.print(table)
     dates = ", ".join(f"{e.instance_type} {e.price_date}" for e in estimates)
-    console.print(f"us-east-1 on-demand prices as of {dates}; time includes a fixed start-up "
-                  f"(provisioning, data staging).")
+    console.print(f"us-east-1 on-demand prices as of {dates}; time includes provisioning "
+                  f"({estimates[0].provisioning_s:.0f} s) and staging the data; `launch cost` compares more shapes.")
 
 
 def _teardown(c: clusters.Cluster) -> None:
@@ -233,6 +404,189 @@ def _teardown(c: clusters.Cluster) -> None:
         console.print(f"cluster '{c.name}' is down (--teardown)")
     else:
         raise LaunchError(f"cluster '{c.name}' is on AWS; tear it down with `npx cdk destroy`")
+
+
+@app.command("plan")
+def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
+             instance_type: str = typer.Option(..., "--instance-type", help="Worker instance type, e.g. p4d.24xlarge."),
+             reducers: int = typer.Option(0, "--reducers", help="CPU nodes of the reducer tier (parameter servers "
+                                                                "with --strategy ps)."),
+             reducer_type: str = typer.Option(None, "--reducer-type", help="Their instance type; default "
+                                                                          "c5n.18xlarge (reducers), m5.24xlarge (ps)."),
+             strategy: str = typer.Option(None, "--strategy", help="horovod, reducers or ps; default: reducers "
+                                                                   "with --reducers or --reducer-type, else horovod."),
+             epochs: int = typer.Option(90, "--epochs"),
+             batch_per_gpu: int = typer.Option(256, "--batch-per-gpu", help="Images per rank per step."),
+             warmup_epochs: float = typer.Option(10.0, "--warmup-epochs", help="Linear warmup (seed 000: 10)."),
+             images_per_epoch: int = typer.Option(1_281_167, "--images-per-epoch", help="Default: ImageNet-1k."),
+             gpu_throughput: float = typer.Option(None, "--gpu-throughput", help="Single-GPU ResNet-50 images/s; "
+                                                                                "overrides the catalog's figure."),
+             precision: str = typer.Option("amp", "--precision", help="amp (mixed precision) or fp32."),
+             fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce", help="Model fp16 gradient compression."),
+             market: str = typer.Option("on-demand", "--market", help="on-demand or spot (spot prices come from "
+                                                                     "`launch cost --refresh-prices`)."),
+             as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables.")):
+    """The plan and estimate for one cluster shape, offline: hostfile, mpirun, env, EFA devices, LR schedule, cost."""
+    import json
+
+    from launcher import costmodel, costshell, offline
+    from launcher.pricing import MARKETS, PriceUnavailable
+
+    for name, value, low in (("--nodes", nodes, 1), ("--epochs", epochs, 1), ("--batch-per-gpu", batch_per_gpu, 1),
+                             ("--images-per-epoch", images_per_epoch, 1), ("--reducers", reducers, 0)):
+        if value < low:
+            raise LaunchError(f"{name} must be >= {low}, got {value}")
+    if market not in MARKETS:
+        raise LaunchError(f"unknown market '{market}'; choose one of: {', '.join(MARKETS)}")
+    workers = costshell.instance(instance_type)
+    strategy = strategy or ("reducers" if reducers or reducer_type else "horovod")
+    if strategy not in costmodel.STRATEGIES:
+        raise LaunchError(f"unknown strategy '{strategy}'; choose one of: {', '.join(costmodel.STRATEGIES)}")
+    tier = costshell.instance(reducer_type or costmodel.DEFAULT_TIER_TYPE[strategy]) \
+        if strategy != "horovod" or reducer_type else None
+    workload = costmodel.imagenet(epochs, fp16_allreduce=fp16_allreduce)
+    if images_per_epoch != workload.images_per_epoch:
+        workload = workload.model_copy(update={"images_per_epoch": images_per_epoch, "dataset_bytes": None})
+    figures, note = costshell.load_measured()
+    constants, loader_note = costshell.model_constants()
+    book = costshell.price_book([workers] + ([tier] if tier else []), [market], refresh=False)
+    for line in [*book.notes, *(n for n in (note, loader_note) if n)]:
+        err.print(f"warning: {line}", markup=False, highlight=False)
+    try:
+        doc = offline.plan_document(
+            workers, nodes, workload, strategy=strategy, tier=tier, tier_nodes=reducers or None,
+            batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, gpu_throughput=gpu_throughput,
+            precision=precision, measured=figures, price=book.quote(workers.name, market),  # type: ignore[arg-type]
+            tier_price=book.quote(tier.name, market) if tier else None,  # type: ignore[arg-type]
+            constants=constants)
+    except (ValueError, PriceUnavailable) as e:
+        raise LaunchError(str(e)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    e = costmodel.Estimate.model_validate(doc["estimate"])
+    console.print(f"plan: {e.shape}, {doc['shape']['ranks']} rank(s), {costmodel.STRATEGY_LABELS[e.strategy]}, "
+                  f"{e.market}", markup=False)
+    table = Table(title="estimate", show_header=False)
+    table.add_column("")
+    table.add_column("", justify="right")
+    for what, value in (
+        ("per-GPU throughput", f"{e.gpu_images_per_sec:,.0f} img/s ({e.throughput_source.split(':')[0]})"),
+        ("compute per step", f"{e.compute_time_s * 1e3:,.1f} ms"),
+        ("gradient reduction per step", f"{e.comm_time_s * 1e3:,.1f} ms ({e.exposed_comm_time_s * 1e3:,.1f} ms "
+                                        f"not hidden; limited by {e.comm_limited_by})"),
+        ("step", f"{e.step_time_s * 1e3:,.1f} ms"),
+        ("throughput", f"{e.images_per_sec:,.0f} img/s, {e.scaling_efficiency:.1%} scaling"),
+        ("limited by", e.limited_by),
+        ("epoch (with checkpoint)", f"{e.epoch_time_s:,.1f} s"),
+        ("training", f"{e.training_s / 60:,.1f} min ({epochs} epochs + validation)"),
+        ("provisioning + staging", f"{(e.provisioning_s + e.staging_s) / 60:,.1f} min"),
+        ("time to train", f"{e.time_to_train_s / 60:,.1f} min"),
+        ("cluster price", f"${e.cluster_usd_per_hour:,.2f}/h ({e.market}, as of {e.price_date})"),
+        ("cost", f"${e.cost_usd:,.2f} (${e.cost_per_epoch_usd:,.2f} per epoch)"),
+    ):
+        table.add_row(what, value)
+    console.print(table)
+    nodes_table = Table(title="worker nodes")
+    for col in ("node", "slots", "EFA interfaces (network card: device index)"):
+        nodes_table.add_column(col)
+    for dev in doc["efa_devices"]:
+        cards = ", ".join(f"{i['network_card_index']}:{i['device_index']}" for i in dev["interfaces"]) or "none"
+        nodes_table.add_row(dev["node"], str(workers.gpus), cards)
+    console.print(nodes_table)
+    if doc["reducer_nodes"]:
+        console.print(f"{e.strategy} nodes: {', '.join(doc['reducer_nodes'])} ({e.tier_type})")
+    console.print("env: " + " ".join(f"{k}={v}" for k, v in doc["env"].items()), markup=False, highlight=False)
+    console.print("hostfile:\n" + doc["hostfile"].rstrip(), markup=False, highlight=False)
+    console.print("mpirun: " + plan.command_line(doc["mpirun"]), markup=False, highlight=False)
+    schedule = doc["lr_schedule"]
+    peak_epoch, peak = max(schedule, key=lambda row: row[1])
+    console.print(f"lr: {schedule[0][1]:g} at epoch 0, peak {peak:g} at epoch {peak_epoch}, {schedule[-1][1]:g} at "
+                  f"epoch {schedule[-1][0]} ({doc['steps_per_epoch']} steps per epoch, global batch "
+                  f"{doc['global_batch']}; every epoch with --json)")
+    for line in e.assumptions + doc["notes"]:
+        console.print(f"  - {line}", markup=False, highlight=False)
+
+
+@app.command("cost")
+def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="Comma-separated GPU types; default "
+                                                "p3.16xlarge,p3dn.24xlarge,p4d.24xlarge,p5.48xlarge."),
+             nodes: str = typer.Option("1,2,4,8,16", "--nodes", help="Comma-separated worker node counts."),
+             strategies: str = typer.Option("horovod,ps,reducers", "--strategies", help="Comma-separated: horovod "
+                                            "(ring allreduce), ps (parameter servers), reducers (reducer tier)."),
+             markets: str = typer.Option("on-demand", "--markets", help="on-demand, spot, or on-demand,spot."),
+             reducer_type: str = typer.Option("c5n.18xlarge", "--reducer-type"),
+             reducers_per_worker: float = typer.Option(1.0, "--reducers-per-worker"),
+             ps_type: str = typer.Option("m5.24xlarge", "--ps-type", help="Parameter-server instance type."),
+             ps_per_worker: float = typer.Option(2.0, "--ps-per-worker", help="Seed 003: 2 servers per worker."),
+             epochs: int = typer.Option(90, "--epochs"),
+             batch_per_gpu: int = typer.Option(256, "--batch-per-gpu"),
+             images_per_epoch: int = typer.Option(1_281_167, "--images-per-epoch", help="Default: ImageNet-1k."),
+             gpu_throughput: float = typer.Option(None, "--gpu-throughput", help="Single-GPU ResNet-50 images/s "
+                                                                                "for every type (overrides)."),
+             precision: str = typer.Option("amp", "--precision", help="amp or fp32."),
+             fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce"),
+             refresh_prices: bool = typer.Option(False, "--refresh-prices", help="Fetch on-demand (Price List API) "
+                                                 "and spot prices from AWS first and cache them."),
+             out: Path = typer.Option(None, "--out", help="Report directory; default reports/cost-<time>.")):
+    """Compare cluster shapes on time to train and cost; write a report (Markdown, HTML, PNG plots, CSV)."""
+    import datetime as dt
+
+    from pydantic import ValidationError
+
+    from infra.catalog import UnknownInstanceType
+    from launcher import costmodel, costreport, costshell
+
+    try:
+        grid = costreport.CostGrid(
+            instance_types=costshell.parse_list(instance_types, "--instance-types") if instance_types
+            else costreport.DEFAULT_INSTANCE_TYPES,
+            nodes=costshell.parse_list(nodes, "--nodes", int),
+            strategies=costshell.parse_list(strategies, "--strategies"),
+            markets=costshell.parse_list(markets, "--markets"), reducer_type=reducer_type,
+            reducers_per_worker=reducers_per_worker, ps_type=ps_type, ps_per_worker=ps_per_worker,
+            batch_per_gpu=batch_per_gpu, gpu_throughput=gpu_throughput, precision=precision)
+        grid.check()
+        workload = costmodel.imagenet(epochs, fp16_allreduce=fp16_allreduce)
+        if images_per_epoch != workload.images_per_epoch:
+            workload = workload.model_copy(update={"images_per_epoch": images_per_epoch, "dataset_bytes": None})
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise LaunchError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
+    except (ValueError, UnknownInstanceType) as e:
+        raise LaunchError(str(e)) from None
+    types = [costshell.instance(n) for n in grid.instance_types]
+    types += [costshell.instance(grid.reducer_type)] if "reducers" in grid.strategies else []
+    types += [costshell.instance(grid.ps_type)] if "ps" in grid.strategies else []
+    book = costshell.price_book(types, grid.markets, refresh=refresh_prices)
+    figures, note = costshell.load_measured()
+    constants, loader_note = costshell.model_constants()
+    try:
+        result = costreport.evaluate_grid(grid, workload, book, today=dt.date.today(), measured=figures,
+                                          constants=constants)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    for line in [*result.notes, *(n for n in (note, loader_note) if n)]:
+        err.print(f"warning: {line}", markup=False, highlight=False)
+    out = out or Path("reports") / f"cost-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and not out.is_dir():
+        raise LaunchError(f"--out {out} is a file; name a directory")
+    try:
+        costreport.write_report(out, costreport.render(result))
+    except OSError as e:
+        raise LaunchError(f"could not write the report to {out}: {e.strerror or e}") from None
+
+    table = Table(title=f"Pareto frontier of {len(result.rows)} shapes: none is both faster and cheaper")
+    for col in ("shape", "strategy", "market", "img/s", "scaling", "time to train", "cost (USD)"):
+        table.add_column(col, justify="right" if col in ("img/s", "scaling", "time to train", "cost (USD)") else "left")
+    for i in result.pareto:
+        r = result.rows[i]
+        table.add_row(r.shape, costmodel.STRATEGY_LABELS[r.strategy], r.market, f"{r.images_per_sec:,.0f}",
+                      f"{r.scaling_efficiency:.0%}", f"{r.time_to_train_s / 60:,.0f} min", f"{r.cost_usd:,.2f}")
+    console.print(table)
+    console.print("prices: " + "; ".join(f"{q.instance_type} {q.label()}" for q in result.prices), markup=False)
+    console.print(f"report: {out / 'report.html'} (also report.md, grid.csv and {len(costreport.PLOTS)} PNG plots)",
+                  markup=False, highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:
