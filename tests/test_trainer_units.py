@@ -10,7 +10,7 @@ import torch
 from training.loader import rank_shards, steps_per_epoch
 from training.model import Bottleneck, build_model, flops_per_image
 from training.schedule import lr_at, peak_lr, schedule_by_epoch
-from training.train import accuracy_counts, parse_args
+from training.train import accuracy_counts, param_groups, parse_args
 from training.transforms import center_crop_box, random_resized_crop_box
 
 
@@ -94,3 +94,31 @@ def test_trainer_rejects_bad_options(capsys):
     assert "invalid choice: 'vgg'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["--data", "d", "--output", "o", "--epochs", "0"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--output", "o"], "error: --data is required"),
+    (["--data", "d", "--output", "o", "--loss-scale", "huge"], "error: --loss-scale must be 'dynamic' or a positive"),
+    (["--data", "d", "--output", "o", "--batch-per-gpu", "10", "--backward-passes-per-step", "3"],
+     "error: --batch-per-gpu 10 must be a multiple of --backward-passes-per-step 3"),
+])
+def test_bad_options_are_one_line_said_by_rank_0_only(argv, message, capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and err.startswith(message)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")  # every other rank exits 2 without a word
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert capsys.readouterr().err == ""
+
+
+def test_no_weight_decay_on_bn_and_bias():
+    model = build_model("resnet18", 10)
+    decay, no_decay = param_groups(model, 1e-4, decay_bn_bias=False)
+    assert decay["weight_decay"] == 1e-4 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim > 1 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    ids = {id(p) for p in no_decay["params"]}
+    assert id(model.fc.bias) in ids and id(model.bn1.weight) in ids and id(model.fc.weight) not in ids
+    assert [g["weight_decay"] for g in param_groups(model, 1e-4, decay_bn_bias=True)] == [1e-4]

@@ -57,6 +57,7 @@ import PIL
 from PIL import Image, ImageFile
 from pydantic import BaseModel, ValidationError
 
+from training.sample import write_atomic
 from training.sources import SPLITS, Source, discover, read_input
 
 FORMAT, VERSION = "webdataset", 1
@@ -259,18 +260,6 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write through a uniquely named temporary file beside `path`, then rename: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_json_atomic(path: Path, data: dict) -> None:

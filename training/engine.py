@@ -30,6 +30,19 @@ def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) ->
     return bool(sum(float(v) for v in scaler._found_inf_per_device(optimizer).values()))
 
 
+def scaled_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, static_scale: float | None) -> bool:
+    """An optimizer step on gradients already reduced: through the scaler in fp16 (skipped on inf/nan, the scale
+    then backed off, or held at `static_scale`); True when the step was skipped."""
+    if not scaler.is_enabled():
+        optimizer.step()
+        return False
+    scaler.unscale_(optimizer)
+    skipped = found_inf(scaler, optimizer)
+    scaler.step(optimizer)
+    scaler.update(static_scale)
+    return skipped
+
+
 class HorovodEngine:
     name = "horovod"
 
@@ -147,14 +160,7 @@ class DDPEngine:
         return model.no_sync()
 
     def step(self, optimizer, scaler: torch.amp.GradScaler, static_scale: float | None) -> bool:
-        if not scaler.is_enabled():
-            optimizer.step()
-            return False
-        scaler.unscale_(optimizer)  # DDP reduced the gradients during backward
-        skipped = found_inf(scaler, optimizer)
-        scaler.step(optimizer)
-        scaler.update(static_scale)
-        return skipped
+        return scaled_step(optimizer, scaler, static_scale)  # DDP reduced the gradients during backward
 
     def allreduce(self, tensor: torch.Tensor, op: str, name: str) -> torch.Tensor:
         out = tensor.detach().clone()

@@ -236,17 +236,10 @@ class ReducerEngine:
         return no_sync()
 
     def step(self, optimizer, scaler: torch.amp.GradScaler, static_scale: float | None) -> bool:
-        from training.engine import found_inf
+        from training.engine import scaled_step
 
         self.finish()  # Distributed: the gradients are now the mean over all workers
-        if not scaler.is_enabled():
-            optimizer.step()
-            return False
-        scaler.unscale_(optimizer)
-        skipped = found_inf(scaler, optimizer)
-        scaler.step(optimizer)
-        scaler.update(static_scale)
-        return skipped
+        return scaled_step(optimizer, scaler, static_scale)
 
     def allreduce(self, tensor: torch.Tensor, op: str, name: str) -> torch.Tensor:
         out = tensor.detach().clone()
