@@ -31,6 +31,12 @@ err = Console(stderr=True, soft_wrap=True)
 
 ClusterOpt = typer.Option(None, "--cluster", help="Cluster name; defaults to the only cluster there is.")
 
+RegionOpt = typer.Option(None, "--region", help="AWS region; default: the AWS environment's (AWS_REGION, profile).")
+ProfileOpt = typer.Option(None, "--profile", help="AWS profile; default: the AWS environment's.")
+BastionOpt = typer.Option(None, "--bastion", metavar="[USER@]HOST[:PORT]",
+                          help="AWS: reach the nodes through this bastion instead of SSM Session Manager.")
+DEFAULT_STACK = "scaletrain"  # infra's default cluster_name
+
 
 class _Tick:
     """The per-image tick of a progress display: a rich bar with images/s and ETA on a terminal, else a plain
@@ -138,9 +144,17 @@ def doctor_cmd(cluster: str = ClusterOpt,
 
 
 @app.command("status")
-def status(cluster: str = ClusterOpt):
-    """Nodes of a cluster and whether each answers over SSH."""
-    c = clusters.load(cluster)
+def status(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt,
+           extend_ttl: float = typer.Option(None, "--extend-ttl", metavar="HOURS",
+                                            help="AWS: move the stack's self-deletion this many hours later.")):
+    """Nodes of a cluster and whether each answers over SSH; on AWS also uptime, cost so far and TTL left."""
+    c, stack = _target(cluster)
+    if stack is not None:
+        _status_aws(c, stack, region, profile, extend_ttl)
+        return
+    if extend_ttl is not None:
+        raise LaunchError("--extend-ttl applies to AWS clusters; a local cluster has no TTL")
+    assert c is not None
     answers = {r.node: r for r in remote.run_all(c, c.nodes, "uptime -p 2>/dev/null || uptime")}
     table = Table(title=f"cluster '{c.name}' ({c.backend})")
     for col in ("node", "role", "address", "slots", "state", "uptime"):
@@ -152,6 +166,101 @@ def status(cluster: str = ClusterOpt):
     console.print(table)
     if not all(r.ok for r in answers.values()):
         raise typer.Exit(1)
+
+
+def _aws_cluster(c: clusters.Cluster | None, stack: str, region: str | None, profile: str | None):
+    """(session, the cluster as last discovered: rediscovered when this launcher has not seen it yet)."""
+    from launcher import aws
+
+    sess = aws.session(region or (c.aws.region if c and c.aws else None),
+                       profile or (c.aws.profile if c and c.aws else None))
+    return sess, c if c is not None else aws.discover_cluster(sess, stack, profile=profile)
+
+
+def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, profile: str | None,
+                extend_ttl: float | None) -> None:
+    import datetime as dt
+
+    from launcher import aws, lifecycle
+
+    sess, c = _aws_cluster(c, stack, region, profile)
+    assert c.aws is not None
+    if extend_ttl is not None:
+        start = aws.extend_ttl(sess, c, extend_ttl)
+        console.print(f"TTL extended: the stack deletes itself from {start:%Y-%m-%d %H:%M:%S} UTC")
+        c = clusters.load(c.name)
+    now = dt.datetime.now(dt.timezone.utc)
+    rows = aws.status(sess, c, now)
+    table = Table(title=f"cluster '{c.name}' (aws, {c.aws.region}, {c.instance_type})")
+    for col in ("node", "role", "instance", "address", "state", "uptime", "cost so far (USD)"):
+        table.add_column(col, justify="right" if col.startswith("cost") else "left")
+    for n, r in zip(c.nodes, rows, strict=True):
+        table.add_row(n.name, n.role, n.instance_id or "", n.address, r.state, lifecycle.format_duration(r.uptime_s),
+                      f"{r.cost_usd:,.2f}")
+    console.print(table)
+    left = lifecycle.ttl_left(c.aws.ttl_expires_at, now)
+    ttl = "no TTL" if left is None else (f"{lifecycle.format_duration(left)} left (deletes itself from "
+                                         f"{c.aws.ttl_expires_at})" if left > 0 else
+                                         f"expired at {c.aws.ttl_expires_at}: deletion under way")
+    console.print(f"cost so far: ${lifecycle.cost_so_far(rows):,.2f} (on-demand prices); TTL: {ttl}")
+    if any(r.state != "running" for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command("down")
+def down(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
+    """Delete an AWS cluster's stack, wait until it is gone, and verify no instance with its tag remains."""
+    from launcher import aws
+
+    c, stack = _target(cluster)
+    if stack is None:
+        raise LaunchError(f"cluster '{c.name if c else cluster}' is local; bring it down with `launch local down`")
+    sess = aws.session(region or (c.aws.region if c and c.aws else None),
+                       profile or (c.aws.profile if c and c.aws else None))
+    aws.teardown(sess, stack, say=lambda line: console.print(line, markup=False, highlight=False))
+    if c is not None:
+        import shutil
+
+        shutil.rmtree(clusters.cluster_dir(c.name), ignore_errors=True)
+
+
+@app.command("discover")
+def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name; default $SCALETRAIN_STACK or "
+                                                                    "'scaletrain'."),
+                 region: str = RegionOpt, profile: str = ProfileOpt, bastion: str = BastionOpt,
+                 ready_timeout: float = typer.Option(1800, "--ready-timeout", help="Seconds to wait for the nodes."),
+                 no_wait: bool = typer.Option(False, "--no-wait", help="Only read the stack; do not wait.")):
+    """Find a deployed stack's nodes, pin their host keys, write the ssh_config, and wait until all are ready."""
+    from launcher import aws, awsrun
+
+    stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
+    sess = aws.session(region, profile)
+    if no_wait:
+        c = aws.discover_cluster(sess, stack, profile=profile, bastion=bastion)
+    else:
+        c = awsrun.connect_ready(sess, stack, profile=profile, bastion=bastion, timeout_s=ready_timeout)
+        awsrun.install_node_access(c)
+    for n in c.nodes:
+        console.print(f"  {n.name:<10} {n.role:<8} {n.instance_id}  {n.address:<15} {n.instance_type}  "
+                      f"{n.slots} slot(s)", markup=False, highlight=False)
+    console.print(f"cluster '{c.name}': {len(c.workers)} worker(s), {len(c.reducers)} reducer(s); ssh_config "
+                  f"{c.ssh_config} (try: launch ssh {c.nodes[0].name})", markup=False, highlight=False)
+
+
+@app.command("ssh", context_settings={"allow_interspersed_args": False})
+def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ...)."),
+            command: list[str] = typer.Argument(None, help="Command to run instead of a login shell."),
+            cluster: str = ClusterOpt):
+    """Open an SSH session on one node (through SSM or the bastion on AWS), host keys pinned."""
+    c = clusters.load(cluster)
+    c.node(node)
+    argv = ssh_argv(c.ssh_config, node, command or [])
+    os.execvp(argv[0], argv)
+
+
+def ssh_argv(ssh_config: str, node: str, command: list[str]) -> list[str]:
+    """The ssh command line `launch ssh` runs (pure; the cluster's ssh_config pins the keys and the proxy)."""
+    return ["ssh", "-F", ssh_config, *(["-t"] if not command else []), node, *command]
 
 
 @data_app.command("sample")
@@ -275,7 +384,10 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           output: str = typer.Option(None, "--output", help="Run directory; default runs/<time>."),
           resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --output."),
           teardown: bool = typer.Option(False, "--teardown", help="Bring the cluster down afterwards, "
-                                                                  "also on failure or Ctrl-C.")):
+                                                                  "also on failure or Ctrl-C."),
+          region: str = RegionOpt, profile: str = ProfileOpt, bastion: str = BastionOpt,
+          ready_timeout: float = typer.Option(1800, "--ready-timeout", help="AWS: seconds to wait for every node "
+                                                                           "to be ready.")):
     """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
     from training.model import check_model
 
@@ -295,16 +407,15 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu), ("--image-size", image_size)):
         if value < 1:
             raise LaunchError(f"{name} must be >= 1, got {value}")
-    c = clusters.load(cluster)
-    try:
+    if resume and output is None:
+        raise LaunchError("--resume needs --output: the run directory holding the checkpoints")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+
+    def body(c: clusters.Cluster, out: str, data_path: str) -> None:
         chosen = c.select_workers(nodes)
         if reducers > len(c.reducers):
             raise LaunchError(f"--reducers {reducers} is more than the {len(c.reducers)} reducer node(s) of cluster "
                               f"'{c.name}'; bring one up with `launch local up --nodes N --reducers K`")
-        if resume and output is None:
-            raise LaunchError("--resume needs --output: the run directory holding the checkpoints")
-        out = run.local_output(output, time.strftime("%Y%m%d-%H%M%S"))
-        data_path = str(Path(data).expanduser().resolve()) if data else ""
         spec = plan.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
                               batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
                               resume=resume, engine=engine, reducers=reducers,
@@ -314,9 +425,45 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
             raise LaunchError(f"training failed: mpirun on {chosen[0].name} exited {result.exit_code} "
                               f"(output above); run directory {out}")
         _report(chosen, spec, result, c)
-    finally:
-        if teardown:
-            _teardown(c)
+
+    c, stack = _target(cluster)
+    if stack is None:
+        assert c is not None
+        try:
+            body(c, run.local_output(output, stamp), str(Path(data).expanduser().resolve()) if data else "")
+        finally:
+            if teardown:
+                _teardown(c)
+        return
+
+    from launcher import aws, awsrun
+
+    sess = aws.session(region or (c.aws.region if c and c.aws else None), profile or (c.aws.profile if c and c.aws
+                                                                                       else None))
+
+    def on_aws() -> None:
+        found = awsrun.connect_ready(sess, stack, profile=profile, bastion=bastion, timeout_s=ready_timeout)
+        awsrun.install_node_access(found)
+        awsrun.prepare_storage(found)
+        first = found.select_workers(nodes)[0]
+        out = output or f"{awsrun.shared_root(found) or first.workdir}/runs/{stamp}"
+        body(found, out, awsrun.stage_data(found, found.select_workers(nodes), data) if data else "")
+
+    awsrun.with_teardown(sess, stack, teardown, on_aws)
+
+
+
+def _target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:
+    """(the saved cluster, or None; the AWS stack to use, or None for a local cluster).
+
+    A name the launcher does not know is taken as a stack to discover; with no name and no saved cluster, the
+    stack is $SCALETRAIN_STACK or infra's default name.
+    """
+    names = clusters.known_names()
+    if cluster in names or (cluster is None and names):
+        c = clusters.load(cluster)
+        return c, (c.aws.stack if c.aws else c.name) if c.backend == "aws" else None
+    return None, cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
 
 
 def _report(chosen, spec: plan.TrainSpec, result: run.RunResult, cluster: clusters.Cluster | None = None) -> None:
@@ -403,7 +550,10 @@ def _teardown(c: clusters.Cluster) -> None:
         local.down(c)
         console.print(f"cluster '{c.name}' is down (--teardown)")
     else:
-        raise LaunchError(f"cluster '{c.name}' is on AWS; tear it down with `npx cdk destroy`")
+        from launcher import aws
+
+        assert c.aws is not None
+        aws.teardown(aws.session(c.aws.region, c.aws.profile), c.aws.stack)
 
 
 @app.command("plan")

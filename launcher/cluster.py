@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -27,6 +27,28 @@ class Node(BaseModel):
     cpus: int                                # cores this node may use (local nodes share the machine's)
     workdir: str                             # the node's own working directory
     gpus: int = 0
+    instance_id: str | None = None           # AWS nodes: the EC2 instance (also the SSM target)
+    instance_type: str | None = None         # AWS nodes: catalog name of this node's type
+    launched_at: str | None = None           # AWS nodes: EC2 LaunchTime, ISO 8601 UTC
+
+
+class AwsInfo(BaseModel):
+    """What discovery read from a deployed stack; the local backend has none."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stack: str                               # CloudFormation stack name (= the scaletrain:cluster tag)
+    region: str
+    profile: str | None = None
+    access: Literal["ssm", "bastion"] = "ssm"
+    bastion: str | None = None               # user@host[:port] with access 'bastion'
+    storage: dict[str, Any] = {}             # the StorageMount output (type fsx, beegfs or none)
+    data_bucket: str | None = None
+    ttl_expires_at: str | None = None        # YYYY-MM-DDTHH:MM:SSZ
+    ttl_schedule_name: str | None = None
+    ttl_schedule_group: str = "default"
+    software: dict[str, str] = {}            # the image's scaletrain:* tags (libfabric, aws-ofi-nccl, ...)
+    node_ssh_config: str                     # ssh_config on the nodes: mpirun reaches the others with it
 
 
 class Cluster(BaseModel):
@@ -42,6 +64,13 @@ class Cluster(BaseModel):
     mpi_interface: str | None = None         # network interface for MPI's own traffic (local: lo)
     instance_type: str | None = None         # catalog name for AWS nodes; None on the local cluster
     processes: dict[str, int] = {}           # local backend: node name -> sshd pid it started
+    aws: AwsInfo | None = None               # AWS backend: the stack it was discovered from
+
+    @property
+    def mpi_ssh_config(self) -> str:
+        """The ssh_config mpirun uses on the first node: the launcher's own on the local cluster (same machine),
+        the nodes' copy on AWS (private addresses; the launcher's goes through SSM or a bastion)."""
+        return self.aws.node_ssh_config if self.aws else self.ssh_config
 
     @property
     def workers(self) -> list[Node]:

@@ -29,7 +29,8 @@ def mpi_hello_argv(cluster: Cluster, nodes: list[Node], hostfile_path: str) -> l
     """One rank per node printing its node's name, over the same ssh_config and MCA settings as training."""
     argv = ["mpirun"] + (["--allow-run-as-root"] if cluster.user == "root" else [])
     argv += ["-np", str(len(nodes)), "--hostfile", hostfile_path, "--map-by", "node",
-             "--mca", "plm_rsh_agent", f"ssh -F {cluster.ssh_config}", "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
+             "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}", "--mca", "pml", "ob1",
+             "--mca", "btl", "^openib"]
     if cluster.mpi_interface:
         argv += ["--mca", "btl_tcp_if_include", cluster.mpi_interface, "--mca", "oob_tcp_if_include",
                  cluster.mpi_interface]
@@ -42,7 +43,7 @@ def nccl_test_argv(cluster: Cluster, nodes: list[Node], instance: catalog.Instan
     ranks = sum(n.slots for n in nodes)
     argv = ["mpirun"] + (["--allow-run-as-root"] if cluster.user == "root" else [])
     argv += ["-np", str(ranks), "--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
-             "--mca", "plm_rsh_agent", f"ssh -F {cluster.ssh_config}"]
+             "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}"]
     for key, value in efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface):
         argv += ["--mca", key, value]
     env = efa.fabric_env(instance) | {"LD_LIBRARY_PATH": "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:"

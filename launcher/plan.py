@@ -81,7 +81,7 @@ def mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_p
     if cluster.user == "root":
         argv.append("--allow-run-as-root")
     argv += ["-np", str(ranks), "--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
-             "--mca", "plm_rsh_agent", f"ssh -F {cluster.ssh_config}",
+             "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}",
              # Seed 003's line: the ob1 point-to-point layer, no InfiniBand verbs.
              "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
     if cluster.mpi_interface:
@@ -145,7 +145,7 @@ def mpmd_mpirun_argv(cluster: Cluster, workers: list[Node], reducers: list[Node]
     if cluster.user == "root":
         argv.append("--allow-run-as-root")
     argv += ["--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
-             "--mca", "plm_rsh_agent", f"ssh -F {cluster.ssh_config}",
+             "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}",
              "--mca", "pml", "ob1", "--mca", "btl", "^openib"]
     if cluster.mpi_interface:
         argv += ["--mca", "btl_tcp_if_include", cluster.mpi_interface,

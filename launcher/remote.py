@@ -147,3 +147,12 @@ def check(cluster: Cluster, node: Node, command: str) -> tuple[int, str]:
     with _session(cluster, node) as conn:
         res = conn.run(in_workdir(node, command), hide=True, warn=True, in_stream=False)
     return res.exited, res.stdout
+
+
+def put_text(cluster: Cluster, node: Node, text: str, path: str, mode: int = 0o600) -> None:
+    """Write ``text`` to ``path`` on one node over SFTP (never on a command line, where `ps` would show it)."""
+    import io
+
+    with _session(cluster, node) as conn:
+        conn.put(io.BytesIO(text.encode()), remote=path)
+        conn.sftp().chmod(path, mode)

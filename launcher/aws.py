@@ -1,0 +1,266 @@
+"""The boto3 shell of the AWS backend: fetch facts, carry out plans. Decisions live in launcher.discover,
+launcher.readiness, launcher.lifecycle and launcher.access; nothing here decides.
+
+Region and profile come from the standard AWS environment (AWS_REGION / AWS_DEFAULT_REGION, AWS_PROFILE,
+~/.aws/config) unless given; every AWS failure the user can fix ends as one LaunchError line.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import datetime as dt
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
+
+from infra import catalog
+from launcher import access, discover, lifecycle, readiness
+from launcher.cluster import Cluster, Node, cluster_dir, save
+from launcher.errors import LaunchError
+
+__all__ = ["aws_errors", "console_host_keys", "decode_console", "discover_cluster", "extend_ttl", "gather_facts",
+           "leftover_instances", "session", "stack_outputs", "status", "teardown"]
+
+
+@contextlib.contextmanager
+def aws_errors(what: str) -> Iterator[None]:
+    """Turn what boto3 raises into one line the user can act on."""
+    try:
+        yield
+    except NoCredentialsError:
+        raise LaunchError(f"{what}: no AWS credentials found; set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
+                          f"AWS_SECRET_ACCESS_KEY (or run `aws configure`)") from None
+    except NoRegionError:
+        raise LaunchError(f"{what}: no AWS region; pass --region or set AWS_REGION") from None
+    except ProfileNotFound as e:
+        raise LaunchError(f"{what}: {e}") from None
+    except ClientError as e:
+        err = e.response.get("Error", {})
+        raise LaunchError(f"{what}: {err.get('Code', 'error')}: {err.get('Message', str(e))}") from None
+    except BotoCoreError as e:
+        raise LaunchError(f"{what}: {str(e).splitlines()[0]}") from None
+
+
+def session(region: str | None = None, profile: str | None = None) -> boto3.Session:
+    with aws_errors("AWS session"):
+        sess = boto3.Session(region_name=region, profile_name=profile)
+    if not sess.region_name:
+        raise LaunchError("no AWS region; pass --region or set AWS_REGION")
+    return sess
+
+
+def stack_outputs(sess: boto3.Session, stack: str) -> discover.StackOutputs:
+    cfn = sess.client("cloudformation")
+    try:
+        with aws_errors(f"stack '{stack}'"):
+            found = cfn.describe_stacks(StackName=stack)["Stacks"][0]
+    except LaunchError as e:
+        if "does not exist" in str(e):
+            raise LaunchError(f"no stack '{stack}' in {sess.region_name} (wrong region? pass --region); deploy "
+                              f"one with `npx cdk deploy -c cluster_name={stack}`") from None
+        raise
+    if found["StackStatus"] not in ("CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE"):
+        raise LaunchError(f"stack '{stack}' in {sess.region_name} is {found['StackStatus']}, not deployed")
+    return discover.parse_outputs(stack, found.get("Outputs", []))
+
+
+def cluster_instances(sess: boto3.Session, stack: str, states: tuple[str, ...] = discover.LIVE_STATES
+                      ) -> list[discover.Instance]:
+    ec2 = sess.client("ec2")
+    with aws_errors(f"instances of '{stack}'"):
+        pages = ec2.get_paginator("describe_instances").paginate(Filters=[
+            {"Name": f"tag:{discover.TAG_CLUSTER}", "Values": [stack]},
+            {"Name": "instance-state-name", "Values": list(states)}])
+        reservations = [r for page in pages for r in page["Reservations"]]
+    return discover.instances_from_response(reservations)
+
+
+def image_tags(sess: boto3.Session, image_id: str) -> dict[str, str]:
+    with aws_errors(f"image {image_id}"):
+        images = sess.client("ec2").describe_images(ImageIds=[image_id])["Images"]
+    return {t["Key"]: t["Value"] for t in (images[0].get("Tags", []) if images else [])}
+
+
+def decode_console(output: str) -> str:
+    """GetConsoleOutput's ``Output`` is base64 on AWS; some emulators return text. Either way, text."""
+    try:
+        return base64.b64decode(output, validate=True).decode("utf-8", errors="replace")
+    except (binascii.Error, ValueError):
+        return output
+
+
+def console_host_keys(sess: boto3.Session, instance_id: str) -> list[str]:
+    with aws_errors(f"console output of {instance_id}"):
+        out = sess.client("ec2").get_console_output(InstanceId=instance_id, Latest=True).get("Output", "")
+    return access.host_keys_from_console(decode_console(out or ""))
+
+
+def ssm_online(sess: boto3.Session, instance_ids: list[str]) -> set[str]:
+    """Instances whose SSM agent answers its ping."""
+    ssm = sess.client("ssm")
+    online: set[str] = set()
+    with aws_errors("SSM agent status"):
+        for page in ssm.get_paginator("describe_instance_information").paginate(
+                Filters=[{"Key": "InstanceIds", "Values": instance_ids}]):
+            online |= {i["InstanceId"] for i in page["InstanceInformationList"] if i.get("PingStatus") == "Online"}
+    return online
+
+
+def _keypair(directory: Path, name: str, comment: str) -> str:
+    from launcher.local import _keygen
+
+    path = directory / name
+    return Path(f"{path}.pub").read_text() if path.is_file() else _keygen(path, comment)
+
+
+def discover_cluster(sess: boto3.Session, stack: str, *, profile: str | None = None, bastion: str | None = None,
+                     console: Callable[[str], list[str]] | None = None) -> Cluster:
+    """Read the stack and its instances, write the cluster's keys, ssh_config and known_hosts, and save it.
+
+    ``console``: instance id -> host keys (default: EC2 GetConsoleOutput). A node whose console shows no key yet is
+    listed without one and cannot be reached until a later discovery pins it.
+    """
+    outputs = stack_outputs(sess, stack)
+    found = cluster_instances(sess, stack, ("pending", "running"))
+    workers = [i for i in found if i.role == "worker"]
+    software = discover.software_from_tags(image_tags(sess, workers[0].image_id)) if workers else {}
+    d = cluster_dir(stack)
+    d.mkdir(parents=True, exist_ok=True)
+    _keypair(d, "id_ed25519", f"scaletrain-launcher-{stack}")
+    _keypair(d, "node_ed25519", f"scaletrain-nodes-{stack}")
+    c = discover.build_cluster(outputs, found, stack=stack, region=sess.region_name, profile=profile,
+                               ssh_config=str(d / "ssh_config"), known_hosts=str(d / "known_hosts"),
+                               software=software, access="bastion" if bastion else "ssm", bastion=bastion)
+    read_keys = console or (lambda iid: console_host_keys(sess, iid))
+    keys = {n.name: read_keys(n.instance_id or "") for n in c.nodes}
+    write_access_files(c, keys)
+    save(c)
+    return c
+
+
+def write_access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
+    """The launcher's ssh_config and known_hosts, and the nodes' copies beside them (node_*), from pinned keys."""
+    assert c.aws is not None
+    d = Path(c.ssh_config).parent
+    pinned = [n for n in c.nodes if keys.get(n.name)]
+    if c.aws.access == "ssm":
+        cfg = access.ssh_config_ssm(c.name, [(n.name, n.instance_id or "") for n in c.nodes], user=c.user,
+                                    identity_file=str(d / "id_ed25519"), known_hosts=c.known_hosts,
+                                    region=c.aws.region, profile=c.aws.profile)
+        reach = {n.name: [n.instance_id or n.name] for n in c.nodes}
+    else:
+        cfg = access.ssh_config_bastion(c.name, [(n.name, n.address) for n in c.nodes], user=c.user,
+                                        identity_file=str(d / "id_ed25519"), known_hosts=c.known_hosts,
+                                        bastion=c.aws.bastion or "")
+        reach = {n.name: [n.address] for n in c.nodes}
+    node_dir = str(Path(c.aws.node_ssh_config).parent)
+    Path(c.ssh_config).write_text(cfg)
+    Path(c.known_hosts).write_text(access.known_hosts_aws([(reach[n.name], keys[n.name]) for n in pinned]))
+    (d / "node_ssh_config").write_text(access.node_ssh_config(
+        c.name, [(n.name, n.address) for n in c.nodes], user=c.user, identity_file=f"{node_dir}/id_ed25519",
+        known_hosts=f"{node_dir}/known_hosts"))
+    (d / "node_known_hosts").write_text(access.known_hosts_aws([([n.name, n.address], keys[n.name])
+                                                                for n in pinned]))
+
+
+def authorize_keys(sess: boto3.Session, c: Cluster) -> str:
+    """Send both public keys (the launcher's, the nodes' own) to every node with SSM RunShellScript; the command id."""
+    d = Path(c.ssh_config).parent
+    script = "".join(access.authorize_key_script(c.user, (d / f"{k}.pub").read_text())
+                     for k in ("id_ed25519", "node_ed25519"))
+    with aws_errors("installing the launcher's key over SSM"):
+        sent = sess.client("ssm").send_command(
+            InstanceIds=[n.instance_id for n in c.nodes if n.instance_id], DocumentName="AWS-RunShellScript",
+            Parameters={"commands": script.splitlines()}, Comment=f"scaletrain {c.name}: authorize keys")
+    return sent["Command"]["CommandId"]
+
+
+Probe = Callable[[Cluster, list[Node]], dict[str, tuple[bool, str, str]]]
+
+
+def gather_facts(sess: boto3.Session, c: Cluster, *, probe: Probe,
+                 agent: Callable[[list[str]], set[str]] | None = None) -> list[readiness.NodeFacts]:
+    """EC2 state and SSM ping from AWS, then ``probe`` (node -> (ssh ok, PROBE output, error)) on the nodes that are
+    running with their agent online (or behind a bastion): no SSH attempt where it cannot succeed yet."""
+    state = {i.instance_id: i.state for i in cluster_instances(sess, c.name)}
+    ids = [n.instance_id for n in c.nodes if n.instance_id]
+    online = (agent or (lambda x: ssm_online(sess, x)))(ids) if c.aws and c.aws.access == "ssm" else None
+    reachable = [n for n in c.nodes if state.get(n.instance_id or "") == "running"
+                 and (online is None or n.instance_id in online)]
+    probed = probe(c, reachable) if reachable else {}
+    facts = []
+    for n in c.nodes:
+        ok, text, error = probed.get(n.name, (False, "", "not probed"))
+        p = readiness.parse_probe(text) if ok else {}
+        facts.append(readiness.NodeFacts(
+            name=n.name, state=state.get(n.instance_id or "", "terminated"),
+            agent_online=None if online is None else n.instance_id in online, ssh_ok=ok,
+            cloud_init=p.get("cloud_init") or None, gpus=int(p["gpus"]) if p.get("gpus", "").isdigit() else None,
+            efa=int(p["efa"]) if p.get("efa", "").isdigit() else None, ssh_error=error))
+    return facts
+
+
+def expected_devices(c: Cluster) -> dict[str, tuple[int, int]]:
+    """Per node, (GPUs, EFA devices) it must show: the catalog's GPUs; EFA devices when its role's transport is EFA."""
+    out = {}
+    for n in c.nodes:
+        entry = catalog.get(n.instance_type or c.instance_type or "")
+        efa = entry.efa_cards if entry.has_efa and (n.role == "worker" or entry.family in ("c5n", "p3dn", "g5")) else 0
+        out[n.name] = (entry.gpus, efa)
+    return out
+
+
+def leftover_instances(sess: boto3.Session, stack: str) -> list[tuple[str, str]]:
+    return [(i.instance_id, i.state) for i in cluster_instances(sess, stack)]
+
+
+def teardown(sess: boto3.Session, stack: str, *, wait_s: float = 3600, delay_s: float = 15,
+             say: Callable[[str], None] = print) -> None:
+    """Delete the stack, wait until it is gone, and verify no instance tagged with the cluster remains."""
+    cfn = sess.client("cloudformation")
+    with aws_errors(f"deleting stack '{stack}'"):
+        cfn.delete_stack(StackName=stack)
+    say(f"deleting stack '{stack}' in {sess.region_name} ...")
+    with aws_errors(f"waiting for stack '{stack}' to be deleted"):
+        cfn.get_waiter("stack_delete_complete").wait(
+            StackName=stack, WaiterConfig={"Delay": delay_s, "MaxAttempts": max(1, int(wait_s // max(delay_s, 1)))})
+    problem = lifecycle.leftovers_verdict(stack, sess.region_name, leftover_instances(sess, stack))
+    if problem:
+        raise LaunchError(problem)
+    say(f"stack '{stack}' is deleted; no instance tagged scaletrain:cluster={stack} remains in {sess.region_name}")
+
+
+def extend_ttl(sess: boto3.Session, c: Cluster, hours: float, now: dt.datetime | None = None) -> dt.datetime:
+    """Move the cost guard's schedule ``hours`` later (GetSchedule, then UpdateSchedule with every field kept)."""
+    if not (c.aws and c.aws.ttl_schedule_name):
+        raise LaunchError(f"cluster '{c.name}' has no TTL schedule (not an AWS cluster, or deployed without one)")
+    sched = sess.client("scheduler")
+    with aws_errors(f"TTL schedule {c.aws.ttl_schedule_name}"):
+        cur = sched.get_schedule(Name=c.aws.ttl_schedule_name, GroupName=c.aws.ttl_schedule_group)
+        start = lifecycle.extended_start(cur.get("StartDate") or dt.datetime.now(dt.timezone.utc), hours,
+                                         now or dt.datetime.now(dt.timezone.utc))
+        keep = {k: cur[k] for k in ("ScheduleExpression", "FlexibleTimeWindow", "Target", "State", "Description",
+                                    "ScheduleExpressionTimezone", "EndDate", "KmsKeyArn", "ActionAfterCompletion")
+                if k in cur}
+        sched.update_schedule(Name=c.aws.ttl_schedule_name, GroupName=c.aws.ttl_schedule_group, StartDate=start,
+                              **keep)
+    save(c.model_copy(update={"aws": c.aws.model_copy(update={
+        "ttl_expires_at": start.strftime("%Y-%m-%dT%H:%M:%SZ")})}))
+    return start
+
+
+def status(sess: boto3.Session, c: Cluster, now: dt.datetime | None = None) -> list[lifecycle.NodeStatus]:
+    """Each node's EC2 state, uptime and cost so far; an instance gone from EC2 shows as 'terminated'."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    live = {i.instance_id: i for i in cluster_instances(sess, c.name)}
+    rows = []
+    for n in c.nodes:
+        inst = live.get(n.instance_id or "")
+        rows.append(lifecycle.node_status(n.name, n.instance_type or c.instance_type or "",
+                                          inst.state if inst else "terminated",
+                                          inst.launch_time if inst else (n.launched_at or ""), now))
+    return rows

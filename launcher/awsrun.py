@@ -1,0 +1,165 @@
+"""`launch train` (and friends) on a deployed stack: discover -> wait until ready -> storage -> data -> run,
+with the stack deleted in a finally block when asked (also on failure and Ctrl-C).
+
+Only sequencing lives here; decisions are in launcher.discover, readiness, storage, staging and plan, and AWS
+calls in launcher.aws. Every step that touches a node goes through launcher.remote, as on the local cluster.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import secrets
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import boto3
+
+from launcher import aws, readiness, remote, staging, storage
+from launcher.cluster import Cluster, Node, save
+from launcher.errors import LaunchError
+
+T = TypeVar("T")
+
+__all__ = ["connect_ready", "install_node_access", "prepare_storage", "shared_root", "ssh_probe", "stage_data",
+           "with_teardown"]
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def ssh_probe(c: Cluster, nodes: list[Node]) -> dict[str, tuple[bool, str, str]]:
+    """readiness.PROBE on these nodes at once: node -> (answered, output, error)."""
+    return {r.node: (r.exit_code >= 0, r.stdout, r.error) for r in remote.run_all(c, nodes, readiness.PROBE)}
+
+
+def show_progress(verdicts: list[readiness.Verdict]) -> None:
+    say("waiting: " + ", ".join(f"{v.node} {v.detail}" for v in verdicts))
+
+
+def connect_ready(sess: boto3.Session, stack: str, *, profile: str | None = None, bastion: str | None = None,
+                  timeout_s: float = 1800, interval_s: float = 15, console: Callable[[str], list[str]] | None = None,
+                  probe: aws.Probe | None = None,
+                  agent: Callable[[list[str]], set[str]] | None = None, clock=None, sleep=None,
+                  on_progress: Callable[[list[readiness.Verdict]], None] | None = show_progress) -> Cluster:
+    """Discover the stack, let the launcher's key in (SSM), and wait until every node is ready."""
+    c = aws.discover_cluster(sess, stack, profile=profile, bastion=bastion, console=console)
+    if not bastion:
+        aws.authorize_keys(sess, c)
+    state = {"cluster": c}
+
+    def gather() -> list[readiness.NodeFacts]:
+        cur = state["cluster"]
+        unpinned = [n for n in cur.nodes if n.name not in _pinned(cur)]
+        if unpinned:  # host keys appear on the console late in the first boot: discover again to pin them
+            cur = state["cluster"] = aws.discover_cluster(sess, stack, profile=profile, bastion=bastion,
+                                                          console=console)
+        return aws.gather_facts(sess, cur, probe=probe or ssh_probe, agent=agent)
+
+    kwargs = {k: v for k, v in (("clock", clock), ("sleep", sleep)) if v is not None}
+    readiness.wait_ready(gather, aws.expected_devices(c), timeout_s=timeout_s, interval_s=interval_s,
+                         on_progress=on_progress, **kwargs)
+    return state["cluster"]
+
+
+def _pinned(c: Cluster) -> set[str]:
+    text = Path(c.known_hosts).read_text() if Path(c.known_hosts).is_file() else ""
+    reach = {(n.instance_id if c.aws and c.aws.access == "ssm" else n.address): n.name for n in c.nodes}
+    return {reach[line.split(" ", 1)[0].split(",")[0]] for line in text.splitlines()
+            if line.split(" ", 1)[0].split(",")[0] in reach}
+
+
+def with_teardown(sess: boto3.Session, stack: str, teardown: bool, body: Callable[[], T]) -> T:
+    """``body()``, then, when ``teardown``, delete the stack even if body failed or was interrupted (Ctrl-C).
+
+    A teardown failure after the body failed is reported as a warning line; the body's error stays the verdict.
+    """
+    failed = False
+    try:
+        return body()
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if teardown:
+            try:
+                aws.teardown(sess, stack, say=say)
+            except LaunchError as e:
+                if not failed:
+                    raise
+                say(f"warning: --teardown: {e}")
+
+
+def _on_nodes(c: Cluster, scripts: dict[str, str], what: str, *, sudo: bool) -> None:
+    """One script per node, the nodes in parallel; any failure is one line naming the nodes."""
+    def one(node: Node, script: str) -> tuple[str, int]:
+        cmd = f"{'sudo ' if sudo else ''}bash -c {shlex.quote(script)}"
+        code, _ = remote.check(c, node, cmd)
+        return node.name, code
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, max(1, len(scripts)))) as pool:
+        done = list(pool.map(lambda item: one(c.node(item[0]), item[1]), scripts.items()))
+    failed = [f"{name} (exit {code})" for name, code in done if code != 0]
+    if failed:
+        raise LaunchError(f"{what} failed on {', '.join(failed)}")
+
+
+def install_node_access(c: Cluster) -> None:
+    """Put the nodes' key, ssh_config and known_hosts on every node (SFTP), so mpirun on node0 reaches the others."""
+    assert c.aws is not None
+    d = Path(c.ssh_config).parent
+    target = str(Path(c.aws.node_ssh_config).parent)
+    files = {"id_ed25519": (d / "node_ed25519").read_text(), "ssh_config": (d / "node_ssh_config").read_text(),
+             "known_hosts": (d / "node_known_hosts").read_text()}
+    _on_nodes(c, {n.name: f"install -d -m 700 {shlex.quote(target)}" for n in c.nodes},
+              "creating the cluster's ssh directory", sudo=False)
+
+    def one(node: Node) -> None:
+        for name, text in files.items():
+            remote.put_text(c, node, text, f"{target}/{name}")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(c.nodes))) as pool:
+        list(pool.map(one, c.nodes))
+
+
+def prepare_storage(c: Cluster) -> None:
+    """BeeGFS or FSx set-up, phase by phase (a no-op with storage 'none')."""
+    assert c.aws is not None
+    secret_file = Path(c.ssh_config).parent / "beegfs-secret"
+    if not secret_file.is_file():
+        secret_file.write_text(secrets.token_hex(32))
+        secret_file.chmod(0o600)
+    phases = storage.storage_plan(c.aws.storage, c.workers, c.reducers, secret=secret_file.read_text())
+    for phase in phases:
+        say(f"storage: {phase.name} on {', '.join(phase.scripts)}")
+        _on_nodes(c, phase.scripts, f"storage set-up ({phase.name})", sudo=True)
+
+
+def shared_root(c: Cluster) -> str | None:
+    """Where runs and staged data live on every node: the shared mount's scaletrain directory, or None."""
+    mount = (c.aws.storage if c.aws else {}).get("mount_point")
+    return f"{mount}/scaletrain" if mount else None
+
+
+def stage_data(c: Cluster, nodes: list[Node], data: str) -> str:
+    """Put ``--data`` where the ranks read it; the shards directory as the nodes see it."""
+    assert c.aws is not None
+    root = shared_root(c) or f"{nodes[0].workdir}"
+    plan = staging.decide(data, storage=c.aws.storage, data_bucket=c.aws.data_bucket, shared_root=root)
+    if plan.kind == "ready":
+        return plan.dest
+    code, text = remote.check(c, nodes[0], f"aws s3 cp --only-show-errors {shlex.quote(plan.source.rstrip('/'))}"
+                                           f"/manifest.json -")
+    if code != 0:
+        raise LaunchError(f"no manifest.json under {plan.source} (read from {nodes[0].name}); make shards with "
+                          f"`launch data convert` and upload them")
+    shards = [s["name"] for s in json.loads(text)["shards"]]
+    scripts = staging.s3_copy_scripts(plan, shards, [n.name for n in nodes], shared=shared_root(c) is not None)
+    say(f"staging {len(shards)} shard(s) from {plan.source} to {plan.dest} on {len(nodes)} node(s)")
+    _on_nodes(c, scripts, "staging the data", sudo=False)
+    save(c)
+    return plan.dest

@@ -1,0 +1,151 @@
+"""Shared storage set-up as pure plans: BeeGFS on RAM disks, or the FSx for Lustre mount.
+
+A plan is a list of phases; each phase maps node names to one shell script run as root (via sudo). Phases run
+in order, the nodes of a phase in parallel. Golden-tested per family (tests/golden/storage-*.txt).
+
+BeeGFS (https://doc.beegfs.io/latest/quick_start_guide/quick_start_guide.html, BeeGFS 7.4 as on the image):
+management and metadata on node0 (the StorageMount output's ``worker:0``), one tmpfs storage target on every
+worker, clients on every node mounted at the same path. Connection authentication (required since 7.3) uses one
+shared secret the launcher makes per cluster. The metadata service keeps its attributes in file contents
+(``storeUseExtendedAttribs = false``): tmpfs has no user.* extended attributes before Linux 6.6.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher.cluster import Node
+from launcher.errors import LaunchError
+
+__all__ = ["Phase", "beegfs_plan", "fsx_plan", "render_plan", "resolve_roles", "storage_plan"]
+
+BEEGFS_SBIN = "/opt/beegfs/sbin"
+CONN_AUTH_FILE = "/etc/beegfs/connauthfile"
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    scripts: dict[str, str]          # node name -> script (run as root)
+
+
+def resolve_roles(entries: Sequence[str], workers: Sequence[Node], reducers: Sequence[Node]) -> list[Node]:
+    """``worker:0``, ``worker:*``, ``reducer:*`` -> the nodes, in cluster order, each once."""
+    by_role = {"worker": list(workers), "reducer": list(reducers)}
+    chosen: list[Node] = []
+    for entry in entries:
+        role, _, index = entry.partition(":")
+        if role not in by_role or not index:
+            raise LaunchError(f"StorageMount role entry '{entry}' is not worker:N, worker:*, reducer:N or reducer:*")
+        pool = by_role[role]
+        if index == "*":
+            picked = pool
+        elif index.isdigit() and int(index) < len(pool):
+            picked = [pool[int(index)]]
+        else:
+            raise LaunchError(f"StorageMount names {entry} but the cluster has {len(pool)} {role} node(s)")
+        chosen += [n for n in picked if n not in chosen]
+    return chosen
+
+
+def _conf_set(path: str, key: str, value: str) -> str:
+    return f"sed -i 's|^{key}[[:space:]]*=.*|{key} = {value}|' {path}"
+
+
+def beegfs_plan(layout: dict, workers: Sequence[Node], reducers: Sequence[Node], *, secret: str) -> list[Phase]:
+    """BeeGFS on RAM disks for this cluster, from the StorageMount output (infra.layout.beegfs_layout)."""
+    roles = layout["roles"]
+    mgmt_nodes = resolve_roles(roles["management"], workers, reducers)
+    meta_nodes = resolve_roles(roles["metadata"], workers, reducers)
+    storage_nodes = resolve_roles(roles["storage"], workers, reducers)
+    clients = resolve_roles(roles["client"], workers, reducers)
+    if len(mgmt_nodes) != 1:
+        raise LaunchError(f"BeeGFS needs exactly one management node, StorageMount names {len(mgmt_nodes)}")
+    mgmt = mgmt_nodes[0]
+    ramdisk, mount = layout["ramdisk_path"], layout["mount_point"]
+    size = f"{int(layout['ramdisk_gib_per_node'])}g"
+    q = shlex.quote
+    auth = (f"install -d -m 755 /etc/beegfs && umask 077 && printf %s {q(secret)} > {CONN_AUTH_FILE} && "
+            f"chmod 400 {CONN_AUTH_FILE}")
+    servers = {n.name for n in [mgmt, *meta_nodes, *storage_nodes]}
+
+    def ramdisk_script() -> str:
+        return "\n".join(["set -eu", auth, f"install -d {ramdisk}",
+                          f"mountpoint -q {ramdisk} || mount -t tmpfs -o size={size},mode=0755 tmpfs {ramdisk}"])
+
+    phases = [Phase("ramdisk and auth", {n.name: ramdisk_script() if n.name in servers else
+                                         "\n".join(["set -eu", auth])
+                                         for n in [*workers, *reducers] if n.name in servers or n in clients})]
+    mgmt_conf = "/etc/beegfs/beegfs-mgmtd.conf"
+    phases.append(Phase("management", {mgmt.name: "\n".join([
+        "set -eu",
+        f"{BEEGFS_SBIN}/beegfs-setup-mgmtd -p {ramdisk}/mgmtd -f",
+        _conf_set(mgmt_conf, "connAuthFile", CONN_AUTH_FILE),
+        "systemctl restart beegfs-mgmtd"])}))
+    meta_conf = "/etc/beegfs/beegfs-meta.conf"
+    phases.append(Phase("metadata", {n.name: "\n".join([
+        "set -eu",
+        f"{BEEGFS_SBIN}/beegfs-setup-meta -p {ramdisk}/meta -s {i + 1} -m {mgmt.address} -f",
+        _conf_set(meta_conf, "connAuthFile", CONN_AUTH_FILE),
+        _conf_set(meta_conf, "storeUseExtendedAttribs", "false"),
+        "systemctl restart beegfs-meta"]) for i, n in enumerate(meta_nodes)}))
+    storage_conf = "/etc/beegfs/beegfs-storage.conf"
+    phases.append(Phase("storage targets", {n.name: "\n".join([
+        "set -eu",
+        f"{BEEGFS_SBIN}/beegfs-setup-storage -p {ramdisk}/storage -s {i + 1} -i {(i + 1) * 100 + 1} "
+        f"-m {mgmt.address} -f",
+        _conf_set(storage_conf, "connAuthFile", CONN_AUTH_FILE),
+        "systemctl restart beegfs-storage"]) for i, n in enumerate(storage_nodes)}))
+    client_conf = "/etc/beegfs/beegfs-client.conf"
+    phases.append(Phase("clients", {n.name: "\n".join([
+        "set -eu",
+        f"{BEEGFS_SBIN}/beegfs-setup-client -m {mgmt.address}",
+        _conf_set(client_conf, "connAuthFile", CONN_AUTH_FILE),
+        _conf_set("/etc/beegfs/beegfs-helperd.conf", "connAuthFile", CONN_AUTH_FILE),
+        f"echo '{mount} {client_conf}' > /etc/beegfs/beegfs-mounts.conf",
+        f"install -d {mount}",
+        "systemctl restart beegfs-helperd beegfs-client",
+        f"mountpoint -q {mount}"]) for n in clients}))
+    phases.append(Phase("verify", {mgmt.name: "\n".join([
+        "set -eu",
+        f"test \"$(beegfs-ctl --listtargets --nodetype=storage --state | grep -c 'Online.*Good')\" "
+        f"-eq {len(storage_nodes)}",
+        f"install -d -m 1777 {mount}/scaletrain"])}))
+    return phases
+
+
+def fsx_plan(mount: dict, nodes: Sequence[Node]) -> list[Phase]:
+    """Mount FSx for Lustre at the same path on every node (the StorageMount output's fsx fields)."""
+    point = mount["mount_point"]
+    source = f"{mount['dns_name']}@tcp:/{mount['mount_name']}"
+    script = "\n".join([
+        "set -eu",
+        f"install -d {point}",
+        f"mountpoint -q {point} || mount -t lustre -o {mount.get('mount_options') or 'relatime,flock'} "
+        f"{source} {point}",
+        f"install -d -m 1777 {point}/scaletrain",
+    ])
+    return [Phase("mount fsx", {n.name: script for n in nodes})]
+
+
+def storage_plan(storage: dict, workers: Sequence[Node], reducers: Sequence[Node], *, secret: str) -> list[Phase]:
+    """The set-up for the stack's ``Storage`` type; ``none`` needs nothing."""
+    kind = storage.get("type", "none")
+    if kind == "beegfs":
+        return beegfs_plan(storage, workers, reducers, secret=secret)
+    if kind == "fsx":
+        return fsx_plan(storage, [*workers, *reducers])
+    if kind == "none":
+        return []
+    raise LaunchError(f"unknown storage type '{kind}' in the stack's outputs; expected fsx, beegfs or none")
+
+
+def render_plan(phases: Sequence[Phase]) -> str:
+    """A plan as text (golden files, `--dry-run` style output)."""
+    out = []
+    for i, phase in enumerate(phases, 1):
+        for node, script in phase.scripts.items():
+            out.append(f"### phase {i}: {phase.name} on {node}\n{script}\n")
+    return "\n".join(out)

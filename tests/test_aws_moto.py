@@ -1,0 +1,230 @@
+"""The AWS backend against moto (in-process ``mock_aws``): discovery, readiness timeouts, TTL extension, status,
+and teardown, including teardown after a failed run, after Ctrl-C and after a node that never became ready.
+
+The stack is a CloudFormation template shaped like infra's: Auto Scaling groups (moto launches their instances
+and propagates the scaletrain:* tags) and the outputs infra/README.md lists. No real account, no network.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from ami.render import ami_tags, load_versions
+from infra import catalog
+from infra.layout import beegfs_layout
+from launcher import aws, awsrun, cli
+from launcher import cluster as clusters
+from launcher.errors import LaunchError
+
+RECORDED = (Path(__file__).parent / "data" / "console-output-cloud-init.txt").read_text()
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
+    with mock_aws():
+        yield tmp_path
+
+
+def deploy(name: str = "c1", *, workers: int = 2, reducers: int = 0, instance_type: str = "p4d.24xlarge") -> None:
+    """A stack with the outputs the launcher reads, and Auto Scaling groups that really launch instances."""
+    ec2 = boto3.client("ec2")
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ec2.create_tags(Resources=[image], Tags=[{"Key": k, "Value": v}
+                                             for k, v in ami_tags(load_versions(), "ubuntu").items()])
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18")["Subnet"]["SubnetId"]
+    resources, groups = {}, []
+    for role, count, itype in (("worker", workers, instance_type), ("reducer", reducers, "c5n.18xlarge")):
+        if not count:
+            continue
+        lt, grp = f"{role.title()}Template", f"{role.title()}Group"
+        resources[lt] = {"Type": "AWS::EC2::LaunchTemplate",
+                         "Properties": {"LaunchTemplateData": {"ImageId": image, "InstanceType": itype}}}
+        resources[grp] = {"Type": "AWS::AutoScaling::AutoScalingGroup", "Properties": {
+            "MinSize": str(count), "MaxSize": str(count), "DesiredCapacity": str(count), "VPCZoneIdentifier": [subnet],
+            "LaunchTemplate": {"LaunchTemplateId": {"Ref": lt}, "Version": {"Fn::GetAtt": [lt, "LatestVersionNumber"]}},
+            "Tags": [{"Key": "scaletrain:cluster", "Value": name, "PropagateAtLaunch": True},
+                     {"Key": "scaletrain:role", "Value": role, "PropagateAtLaunch": True}]}}
+        groups.append({"role": role, "group_name": f"{name}-{role}", "instance_type": itype, "nodes": count,
+                       "transport": "efa", "efa_devices": []})
+    outputs = {"ClusterName": name, "InstanceType": instance_type, "NodeGroups": json.dumps(groups),
+               "Storage": "beegfs",
+               "StorageMount": json.dumps(beegfs_layout(catalog.get(instance_type), reducers=reducers)),
+               "DataBucket": "none", "TtlHours": "24", "TtlExpiresAt": "2030-01-01T00:00:00Z",
+               "TtlScheduleName": f"{name}-ttl", "TtlScheduleGroup": "default"}
+    template = {"Resources": resources, "Outputs": {k: {"Value": v} for k, v in outputs.items()}}
+    boto3.client("cloudformation").create_stack(StackName=name, TemplateBody=json.dumps(template))
+    boto3.client("scheduler").create_schedule(
+        Name=f"{name}-ttl", ScheduleExpression="rate(15 minutes)", FlexibleTimeWindow={"Mode": "OFF"},
+        StartDate=dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc), Description="scaletrain cost guard",
+        Target={"Arn": "arn:aws:lambda:us-east-1:123456789012:function:guard",
+                "RoleArn": "arn:aws:iam::123456789012:role/guard", "Input": json.dumps({"stack": name})})
+
+
+def live_instances(name: str = "c1") -> list[str]:
+    return [i for i, _ in aws.leftover_instances(boto3.Session(), name)]
+
+
+def stack_exists(name: str = "c1") -> bool:
+    try:
+        boto3.client("cloudformation").describe_stacks(StackName=name)
+    except boto3.client("cloudformation").exceptions.ClientError:
+        return False
+    return True
+
+
+def ready_probe(c, nodes):
+    return {n.name: (True, "cloud_init=done\ngpus=8\nefa=4\n", "") if n.role == "worker" else
+            (True, "cloud_init=done\ngpus=0\nefa=1\n", "") for n in nodes}
+
+
+def test_discovery_reads_nodes_roles_addresses_storage_and_software(env):
+    deploy(workers=3, reducers=1)
+    c = aws.discover_cluster(aws.session(), "c1", console=lambda iid: aws.access.host_keys_from_console(RECORDED))
+    assert [n.name for n in c.nodes] == ["node0", "node1", "node2", "reducer0"]
+    addresses = [n.address for n in c.workers]
+    assert addresses == sorted(addresses, key=lambda a: tuple(int(p) for p in a.split(".")))
+    assert [n.slots for n in c.nodes] == [8, 8, 8, 0] and c.instance_type == "p4d.24xlarge"
+    assert c.aws.storage["type"] == "beegfs" and c.aws.storage["roles"]["management"] == ["worker:0"]
+    assert c.aws.software["aws-ofi-nccl"] == load_versions().aws_ofi_nccl
+    assert c.aws.ttl_schedule_name == "c1-ttl" and c.aws.region == "us-east-1"
+    config = Path(c.ssh_config).read_text()
+    assert f"HostName {c.nodes[0].instance_id}" in config and "AWS-StartSSHSession" in config
+    known = Path(c.known_hosts).read_text().splitlines()
+    assert len(known) == 2 * 4 and known[0].startswith(c.nodes[0].instance_id + " ecdsa-sha2-nistp256 ")
+    assert clusters.load("c1") == c  # saved for every later command
+    node_known = (Path(c.ssh_config).parent / "node_known_hosts").read_text()
+    assert f"node0,{c.nodes[0].address} ssh-ed25519" in node_known
+
+
+def test_no_stack_wrong_region_and_missing_credentials_are_one_line(env, monkeypatch):
+    deploy()
+    with pytest.raises(LaunchError, match="no stack 'nope' in us-east-1 \\(wrong region"):
+        aws.discover_cluster(aws.session(), "nope")
+    with pytest.raises(LaunchError, match="no stack 'c1' in eu-west-1"):
+        aws.discover_cluster(aws.session("eu-west-1"), "c1")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(LaunchError, match="no AWS credentials found"):
+        aws.discover_cluster(aws.session(), "c1")
+
+
+def test_readiness_times_out_naming_nodes_whose_agent_never_came_online(env):
+    deploy(workers=2)
+    now = [0.0]
+    with pytest.raises(LaunchError) as e:
+        awsrun.connect_ready(aws.session(), "c1", timeout_s=120, interval_s=60, console=lambda iid: [],
+                             agent=lambda ids: set(ids[:1]), probe=ready_probe, clock=lambda: now[0],
+                             sleep=lambda s: now.__setitem__(0, now[0] + s), on_progress=None)
+    assert str(e.value) == "1 of 2 node(s) not ready after 120 s: node1 (SSM agent not online yet)"
+    assert now[0] == 120
+
+
+def test_ready_cluster_and_more_nodes_than_deployed(env):
+    deploy(workers=2, reducers=1)
+    c = awsrun.connect_ready(aws.session(), "c1", timeout_s=0, console=lambda iid: [],
+                             agent=lambda ids: set(ids), probe=ready_probe, on_progress=None)
+    assert len(c.workers) == 2
+    with pytest.raises(LaunchError, match="--nodes 8 is more than the 2 worker node"):
+        c.select_workers(8)
+
+
+def test_ttl_extension_moves_the_schedule_and_keeps_its_target(env):
+    deploy()
+    sess = aws.session()
+    c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
+    now = dt.datetime(2029, 12, 31, tzinfo=dt.timezone.utc)
+    start = aws.extend_ttl(sess, c, 6, now)
+    got = boto3.client("scheduler").get_schedule(Name="c1-ttl", GroupName="default")
+    assert got["StartDate"].astimezone(dt.timezone.utc) == start == dt.datetime(2030, 1, 1, 6,
+                                                                                tzinfo=dt.timezone.utc)
+    assert json.loads(got["Target"]["Input"]) == {"stack": "c1"} and got["Description"] == "scaletrain cost guard"
+    assert clusters.load("c1").aws.ttl_expires_at == "2030-01-01T06:00:00Z"
+
+
+def test_status_reports_uptime_and_cost_so_far(env):
+    deploy()
+    sess = aws.session()
+    c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
+    launched = dt.datetime.fromisoformat(c.nodes[0].launched_at.replace("Z", "+00:00"))
+    rows = aws.status(sess, c, launched + dt.timedelta(hours=2))
+    assert [r.state for r in rows] == ["running", "running"]
+    assert rows[0].cost_usd == pytest.approx(2 * catalog.get("p4d.24xlarge").price_usd_per_hour, rel=1e-3)
+    boto3.client("ec2").terminate_instances(InstanceIds=[c.nodes[1].instance_id])
+    assert [r.state for r in aws.status(sess, c)][1] in ("shutting-down", "terminated")
+
+
+def test_launch_down_deletes_the_stack_and_verifies_no_instance_remains(env, capsys):
+    deploy(workers=2, reducers=1)
+    assert len(live_instances()) == 3
+    assert cli.main(["down", "--cluster", "c1"]) == 0
+    assert not stack_exists() and live_instances() == []
+    assert "no instance tagged scaletrain:cluster=c1 remains" in capsys.readouterr().out
+
+
+def test_down_reports_an_instance_left_behind(env, capsys):
+    deploy(workers=1)
+    ec2 = boto3.client("ec2")
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    stray = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="p4d.24xlarge", TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "scaletrain:cluster", "Value": "c1"},
+                                              {"Key": "scaletrain:role", "Value": "worker"}]}])["Instances"][0]
+    assert cli.main(["down", "--cluster", "c1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: stack 'c1' is deleted but 1 instance(s)") and stray["InstanceId"] in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("fault", [LaunchError("training failed: mpirun on node0 exited 1"), KeyboardInterrupt()])
+def test_teardown_runs_after_a_failed_run_and_after_ctrl_c(env, fault):
+    deploy(workers=2)
+    sess = aws.session()
+
+    def body():
+        assert len(live_instances()) == 2
+        raise fault
+
+    with pytest.raises(type(fault)):
+        awsrun.with_teardown(sess, "c1", True, body)
+    assert not stack_exists() and live_instances() == []
+
+
+def test_no_teardown_without_the_flag(env):
+    deploy(workers=1)
+    with pytest.raises(LaunchError):
+        awsrun.with_teardown(aws.session(), "c1", False, lambda: (_ for _ in ()).throw(LaunchError("boom")))
+    assert stack_exists() and len(live_instances()) == 1
+
+
+def test_train_teardown_when_a_node_never_becomes_ready(env, monkeypatch, capsys):
+    """The whole CLI path: `launch train --cluster c1 --teardown` on a stack whose agents never come online."""
+    deploy(workers=2)
+    monkeypatch.setattr(aws, "ssm_online", lambda sess, ids: set())
+    monkeypatch.setattr(aws, "console_host_keys", lambda sess, iid: [])
+    rc = cli.main(["train", "--cluster", "c1", "--nodes", "2", "--teardown", "--ready-timeout", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    assert err[-1] == ("error: 2 of 2 node(s) not ready after 0 s: node0 (SSM agent not online yet); "
+                       "node1 (SSM agent not online yet)")
+    assert not stack_exists() and live_instances() == []
+
+
+def test_train_on_a_missing_stack_is_one_line(env, capsys):
+    assert cli.main(["train", "--cluster", "ghost", "--nodes", "8"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: no stack 'ghost' in us-east-1 (wrong region? pass --region); deploy one with "
+                   "`npx cdk deploy -c cluster_name=ghost`"]

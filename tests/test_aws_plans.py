@@ -1,0 +1,235 @@
+"""Pure plans for AWS clusters, golden-tested per family: hostfile + mpirun argv + EFA env (from the AMI's tags),
+BeeGFS / FSx set-up, the SSM and bastion ssh_config, host keys from a recorded console, staging, readiness."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+from golden import assert_golden
+
+from ami.render import ami_tags, load_versions, software_versions
+from infra import catalog
+from infra.layout import beegfs_layout
+from launcher import access, discover, efa, lifecycle, plan, readiness, staging, storage
+from launcher.errors import LaunchError
+
+DATA = Path(__file__).parent / "data"
+FAMILIES = ["p3.16xlarge", "p3dn.24xlarge", "p4d.24xlarge", "p5.48xlarge"]
+SPEC = plan.TrainSpec(data="/fsx/scaletrain/data/shards", output="/fsx/scaletrain/runs/r1", epochs=90)
+
+
+def outputs(instance_type: str, *, reducers: int = 0, storage_kind: str = "beegfs") -> discover.StackOutputs:
+    worker = catalog.get(instance_type)
+    groups = [{"role": "worker", "group_name": "c1-Workers", "instance_type": instance_type, "nodes": 2,
+               "transport": "efa" if worker.has_efa else "tcp", "efa_devices": []}]
+    if reducers:
+        groups.append({"role": "reducer", "group_name": "c1-Reducers", "instance_type": "c5n.18xlarge",
+                       "nodes": reducers, "transport": "tcp", "efa_devices": []})
+    mount = beegfs_layout(worker, reducers=reducers) if storage_kind == "beegfs" else {
+        "file_system_id": "fs-0123456789abcdef0", "dns_name": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+        "mount_name": "abcdefgh", "mount_point": "/fsx", "mount_options": "relatime,flock", "capacity_gib": 1200,
+        "deployment_type": "SCRATCH_2", "data_repository": "s3://imagenet-shards"}
+    values = {"ClusterName": "c1", "InstanceType": instance_type, "NodeGroups": json.dumps(groups),
+              "Storage": storage_kind, "StorageMount": json.dumps(mount), "DataBucket": "imagenet-shards",
+              "TtlHours": "24", "TtlExpiresAt": "2026-11-18T09:00:00Z", "TtlScheduleName": "c1-ttl",
+              "TtlScheduleGroup": "default"}
+    return discover.parse_outputs("c1", [{"OutputKey": k, "OutputValue": v} for k, v in values.items()])
+
+
+def instances(instance_type: str, workers: int, reducers: int = 0) -> list[discover.Instance]:
+    # Deliberately out of IPv4 order (10.0.0.10 sorts after 10.0.0.9 numerically, before it as text).
+    ips = ["10.0.0.10", "10.0.0.9", "10.0.1.2", "10.0.0.33"]
+    made = [discover.Instance(instance_id=f"i-0{k:016x}", state="running", private_ip=ips[k], role="worker",
+                              instance_type=instance_type, group_name="c1-Workers", launch_time="2026-11-17T09:00:00Z",
+                              image_id="ami-0abc") for k in range(workers)]
+    made += [discover.Instance(instance_id=f"i-1{k:016x}", state="running", private_ip=f"10.0.2.{k + 5}",
+                               role="reducer", instance_type="c5n.18xlarge", group_name="c1-Reducers",
+                               launch_time="2026-11-17T09:00:00Z", image_id="ami-0abc") for k in range(reducers)]
+    return made
+
+
+SOFTWARE = discover.software_from_tags(ami_tags(load_versions(), "ubuntu"))
+
+
+def cluster(instance_type: str, workers: int = 2, reducers: int = 0, storage_kind: str = "beegfs"):
+    return discover.build_cluster(outputs(instance_type, reducers=reducers, storage_kind=storage_kind),
+                                  instances(instance_type, workers, reducers), stack="c1", region="us-east-1",
+                                  profile=None, ssh_config="/home/me/.scaletrain/clusters/c1/ssh_config",
+                                  known_hosts="/home/me/.scaletrain/clusters/c1/known_hosts", software=SOFTWARE)
+
+
+def test_nodes_are_named_in_ascending_ipv4_order_with_gpu_slots():
+    c = cluster("p4d.24xlarge", workers=4, reducers=1)
+    assert [(n.name, n.address) for n in c.workers] == [
+        ("node0", "10.0.0.9"), ("node1", "10.0.0.10"), ("node2", "10.0.0.33"), ("node3", "10.0.1.2")]
+    assert [n.slots for n in c.workers] == [8] * 4 and c.reducers[0].slots == 0
+    assert c.mpi_ssh_config == "/home/ubuntu/.scaletrain/cluster/ssh_config"
+    assert c.aws.software["aws-ofi-nccl"] == load_versions().aws_ofi_nccl
+
+
+@pytest.mark.parametrize("instance_type", FAMILIES)
+def test_hostfile_argv_and_env_per_family(instance_type):
+    c = cluster(instance_type)
+    instance = catalog.get(instance_type)
+    versions = software_versions({f"scaletrain:{k}": v for k, v in c.aws.software.items()})
+    env = efa.fabric_env(instance, versions)
+    argv = plan.fabric_mpirun_argv(c, c.workers, SPEC, f"{SPEC.output}/hostfile", fabric_env=env,
+                                   mca=efa.mpi_mca(instance, mpi_interface=c.mpi_interface))
+    doc = {"hostfile": plan.hostfile(c.workers), "env": env, "mpirun": argv}
+    assert_golden(f"aws-{instance_type}.json", json.dumps(doc, indent=1) + "\n")
+    if not instance.has_efa:
+        assert env == {} and not any(a.startswith("FI_") for a in argv)
+    else:  # the image's aws-ofi-nccl (>= 1.7) and libfabric (>= 1.18) need none of the old workarounds
+        assert env == {"FI_EFA_USE_HUGE_PAGE": "0"}
+        assert argv[argv.index("btl") + 1] == "tcp,self"
+
+
+def test_old_software_on_the_image_brings_back_the_workarounds():
+    old = software_versions({"scaletrain:aws-ofi-nccl": "1.5.0", "scaletrain:libfabric": "1.16.0"})
+    assert efa.fabric_env(catalog.get("p4d.24xlarge"), old) == {
+        "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_USE_HUGE_PAGE": "0", "FI_PROVIDER": "efa", "NCCL_PROTO": "simple"}
+
+
+@pytest.mark.parametrize("instance_type", ["p3dn.24xlarge", "p4d.24xlarge"])
+def test_mpmd_argv_with_reducers(instance_type):
+    c = cluster(instance_type, workers=2, reducers=2)
+    spec = SPEC.model_copy(update={"engine": "reducer", "reducers": 2})
+    argv = plan.mpmd_mpirun_argv(c, c.workers, c.reducers, spec, f"{SPEC.output}/hostfile")
+    doc = {"hostfile": plan.mpmd_hostfile(c.workers, c.reducers), "mpirun": argv}
+    assert_golden(f"aws-{instance_type}-reducers.json", json.dumps(doc, indent=1) + "\n")
+    assert argv[argv.index(":") + 4] == "reducer0:1,reducer1:1"
+
+
+@pytest.mark.parametrize("instance_type", FAMILIES)
+def test_beegfs_plan_per_family(instance_type):
+    c = cluster(instance_type, workers=3)
+    phases = storage.storage_plan(c.aws.storage, c.workers, c.reducers, secret="GOLDEN-SECRET")
+    assert_golden(f"storage-beegfs-{instance_type}.txt", storage.render_plan(phases))
+    by_name = {p.name: p for p in phases}
+    assert list(by_name["management"].scripts) == ["node0"] == list(by_name["metadata"].scripts)
+    assert list(by_name["storage targets"].scripts) == ["node0", "node1", "node2"]
+    size = int(catalog.get(instance_type).memory_gib * 0.25)
+    assert f"size={size}g" in by_name["ramdisk and auth"].scripts["node2"]
+    assert "-m 10.0.0.9" in by_name["clients"].scripts["node1"]  # node0's address: the management service
+
+
+def test_beegfs_plan_with_reducers_mounts_on_reducers_only_as_clients():
+    c = cluster("p4d.24xlarge", workers=2, reducers=1)
+    phases = storage.storage_plan(c.aws.storage, c.workers, c.reducers, secret="GOLDEN-SECRET")
+    assert_golden("storage-beegfs-p4d.24xlarge-reducers.txt", storage.render_plan(phases))
+    by_name = {p.name: p for p in phases}
+    assert "reducer0" in by_name["clients"].scripts and "reducer0" not in by_name["storage targets"].scripts
+    assert "mount -t tmpfs" not in by_name["ramdisk and auth"].scripts["reducer0"]
+
+
+def test_fsx_plan_and_bad_storage_roles():
+    c = cluster("p5.48xlarge", storage_kind="fsx")
+    assert_golden("storage-fsx-p5.48xlarge.txt", storage.render_plan(storage.storage_plan(c.aws.storage, c.workers,
+                                                                                         c.reducers, secret="x")))
+    with pytest.raises(LaunchError, match="names worker:5 but the cluster has 2 worker"):
+        storage.resolve_roles(["worker:5"], c.workers, c.reducers)
+
+
+def test_ssh_config_through_ssm_and_through_a_bastion():
+    c = cluster("p4d.24xlarge")
+    nodes = [(n.name, n.instance_id) for n in c.nodes]
+    ssm = access.ssh_config_ssm("c1", nodes, user="ubuntu", identity_file="/k/id_ed25519",
+                                known_hosts="/k/known_hosts", region="us-east-1")
+    assert_golden("ssh_config-aws-ssm.txt", ssm)
+    assert ("ProxyCommand sh -c \"aws ssm start-session --target %h --document-name AWS-StartSSHSession "
+            "--parameters 'portNumber=%p' --region us-east-1\"") in ssm
+    assert "StrictHostKeyChecking yes" in ssm
+    bastion = access.ssh_config_bastion("c1", [(n.name, n.address) for n in c.nodes], user="ubuntu",
+                                        identity_file="/k/id_ed25519", known_hosts="/k/known_hosts",
+                                        bastion="ec2-user@bastion.example.com:2222")
+    assert_golden("ssh_config-aws-bastion.txt", bastion)
+    with pytest.raises(LaunchError, match="not \\[user@\\]host\\[:port\\]"):
+        access.ssh_config_bastion("c1", nodes, user="u", identity_file="k", known_hosts="h", bastion="a b")
+
+
+def test_host_keys_come_from_the_recorded_console_and_nothing_is_pinned_blindly():
+    text = (DATA / "console-output-cloud-init.txt").read_text()
+    keys = access.host_keys_from_console(text)
+    assert [k.split()[0] for k in keys] == ["ecdsa-sha2-nistp256", "ssh-ed25519"]
+    assert all("root@" not in k for k in keys)  # the comment is dropped, the fingerprints block ignored
+    assert access.host_keys_from_console(text.split("-----BEGIN SSH HOST KEY KEYS")[0]) == []
+    line = access.known_hosts_aws([(["i-0abc"], keys)])
+    assert line.splitlines()[1] == f"i-0abc {keys[1]}"
+    with pytest.raises(LaunchError, match="no host key pinned for i-0def"):
+        access.known_hosts_aws([(["i-0def"], [])])
+
+
+def test_authorize_key_script_refuses_anything_but_one_public_key():
+    script = access.authorize_key_script("ubuntu", "ssh-ed25519 " + "A" * 68 + " me@laptop\n")
+    assert "authorized_keys" in script and "grep -qxF" in script
+    with pytest.raises(LaunchError):
+        access.authorize_key_script("ubuntu", "-----BEGIN OPENSSH PRIVATE KEY-----\nabc")
+
+
+def test_staging_splits_shards_across_nodes_and_follows_fsx_import():
+    shards = [f"train-{i:06d}.tar" for i in range(5)]
+    s3 = staging.decide("s3://imagenet-shards/v1/", storage={"type": "beegfs", "mount_point": "/beegfs"},
+                        data_bucket="imagenet-shards", shared_root="/beegfs/scaletrain")
+    assert (s3.kind, s3.dest) == ("s3-copy", "/beegfs/scaletrain/data/imagenet-shards/v1")
+    scripts = staging.s3_copy_scripts(s3, shards, ["node0", "node1"], shared=True)
+    assert_golden("staging-s3-2-nodes.txt", "".join(f"### {k}\n{v}" for k, v in scripts.items()))
+    assert scripts["node0"].count("aws s3 cp") == 4 and scripts["node1"].count("aws s3 cp") == 2
+    alone = staging.s3_copy_scripts(s3, shards, ["node0", "node1"], shared=False)
+    assert alone["node1"].count("aws s3 cp") == 6
+    fsx = staging.decide("s3://imagenet-shards/v1", storage={"type": "fsx", "mount_point": "/fsx",
+                                                              "data_repository": "s3://imagenet-shards"},
+                         data_bucket="imagenet-shards", shared_root="/fsx/scaletrain")
+    assert (fsx.kind, fsx.dest) == ("fsx-import", "/fsx/v1")
+    with pytest.raises(LaunchError, match="may only read s3://imagenet-shards"):
+        staging.decide("s3://other/x", storage={}, data_bucket="imagenet-shards", shared_root="/r")
+    assert staging.decide("/fsx/shards", storage={}, data_bucket=None, shared_root="/r").kind == "ready"
+
+
+def test_readiness_stages_in_order():
+    base = readiness.NodeFacts("node0", "running", True, ssh_ok=True, cloud_init="done", gpus=8, efa=4)
+    assert readiness.verdict(base, gpus=8, efa=4).ready
+    cases = [(base.__class__("node0", "pending", None), "instance"),
+             (readiness.NodeFacts("node0", "running", False), "agent"),
+             (readiness.NodeFacts("node0", "running", True, ssh_error="timed out"), "ssh"),
+             (readiness.NodeFacts("node0", "running", True, ssh_ok=True, cloud_init="running"), "cloud-init"),
+             (readiness.NodeFacts("node0", "running", True, ssh_ok=True, cloud_init="done", gpus=7, efa=4), "gpus"),
+             (readiness.NodeFacts("node0", "running", True, ssh_ok=True, cloud_init="done", gpus=8, efa=0), "efa")]
+    for facts, stage in cases:
+        assert readiness.verdict(facts, gpus=8, efa=4).stage == stage
+    assert readiness.parse_probe("cloud_init=done\ngpus=8\nefa=4\n") == {"cloud_init": "done", "gpus": "8", "efa": "4"}
+
+
+def test_wait_ready_times_out_naming_the_stuck_nodes_with_a_fake_clock():
+    now = [0.0]
+    seen = []
+
+    def gather():
+        return [readiness.NodeFacts("node0", "running", True, ssh_ok=True, cloud_init="done", gpus=8, efa=4),
+                readiness.NodeFacts("node1", "running", True, ssh_ok=True, cloud_init="running")]
+
+    with pytest.raises(LaunchError) as e:
+        readiness.wait_ready(gather, {"node0": (8, 4), "node1": (8, 4), "node2": (8, 4)}, timeout_s=600,
+                             interval_s=30, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+                             on_progress=seen.append)
+    assert str(e.value) == ("2 of 3 node(s) not ready after 600 s: node1 (cloud-init running); "
+                            "node2 (not launched)")
+    assert len(seen) == 21  # checked at 0, 30, ..., 600 s
+
+
+def test_status_arithmetic_and_ttl_extension():
+    now = dt.datetime(2026, 11, 17, 11, 30, tzinfo=dt.timezone.utc)
+    row = lifecycle.node_status("node0", "p4d.24xlarge", "running", "2026-11-17T09:00:00Z", now)
+    assert row.uptime_s == 9000 and row.cost_usd == pytest.approx(21.957642 * 2.5)
+    assert lifecycle.ttl_left("2026-11-17T12:00:00Z", now) == 1800
+    assert lifecycle.format_duration(9000) == "2h30m"
+    start = dt.datetime(2026, 11, 17, 12, 0, tzinfo=dt.timezone.utc)
+    assert lifecycle.extended_start(start, 4, now) == dt.datetime(2026, 11, 17, 16, 0, tzinfo=dt.timezone.utc)
+    # an already-due schedule is extended from now, not from the past
+    assert lifecycle.extended_start(start - dt.timedelta(hours=5), 1, now) == now + dt.timedelta(hours=1)
+    with pytest.raises(LaunchError, match="--hours must be within"):
+        lifecycle.extended_start(start, 0, now)
+    assert lifecycle.leftovers_verdict("c1", "us-east-1", []) is None
+    assert "i-0abc (running)" in lifecycle.leftovers_verdict("c1", "us-east-1", [("i-0abc", "running")])
