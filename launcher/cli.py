@@ -422,7 +422,13 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                               extra_args=tuple(trainer_args or ()))
         result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers])
         if result.exit_code != 0:
-            raise LaunchError(f"training failed: mpirun on {chosen[0].name} exited {result.exit_code} "
+            from launcher import faults
+
+            used = chosen + c.reducers[:reducers]
+            # Which nodes still answer: a node that went away is the likeliest cause, and mpirun may not name it.
+            silent = {r.node: r.error or f"exit {r.exit_code}" for r in remote.run_all(c, used, "true") if not r.ok}
+            why = faults.diagnose(result.lines, used, silent)
+            raise LaunchError(f"training failed: {why or f'mpirun on {chosen[0].name} exited {result.exit_code}'} "
                               f"(output above); run directory {out}")
         _report(chosen, spec, result, c)
 

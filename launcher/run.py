@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import plan, remote
@@ -33,6 +33,7 @@ class RunResult:
     output: str
     train_images: int           # training samples in the shards' manifest
     summary: dict | None
+    lines: list[str] = field(default_factory=list)  # what mpirun printed, for faults.diagnose
 
 
 def _on_first(cluster: Cluster, node: Node, command: str, what: str) -> str:
@@ -86,11 +87,11 @@ def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_dat
     tier = f", {len(reducers)} reducer node(s)" if reducers else ""
     print(f"[launch] {len(nodes)} node(s), {sum(n.slots for n in nodes)} rank(s){tier}: {plan.command_line(argv)}",
           flush=True)
-    code, _ = remote.stream(cluster, first, plan.command_line(argv))
+    code, lines = remote.stream(cluster, first, plan.command_line(argv))
 
     rc, text = remote.check(cluster, first, f"cat {out}/summary.json 2>/dev/null")
     summary = json.loads(text) if rc == 0 and text.strip() else None
-    return RunResult(code, spec.output, train_images, summary)
+    return RunResult(code, spec.output, train_images, summary, lines)
 
 
 def local_output(path: str | None, stamp: str) -> str:

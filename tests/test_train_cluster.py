@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
-from clusterutil import alive, assert_one_line_error, cluster_state, launch
+from clusterutil import ROOT, alive, assert_one_line_error, cluster_state, launch
 
 pytestmark = pytest.mark.cluster
 
@@ -94,6 +101,51 @@ def test_ddp_engine_over_the_same_cluster(env):
     assert "[node0] training resnet18 on 2 rank(s) (ddp)" in proc.stdout
     p0, p1 = torch.load(run / "params-rank0.pt"), torch.load(run / "params-rank1.pt")
     assert all(torch.equal(p0[k], p1[k]) for k in p0)
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
+def test_a_node_lost_mid_run_stops_the_job_and_is_named(env, tmp_path):
+    root, _ = env
+    home, run = tmp_path / "home", tmp_path / "run"
+    launch(home, "local", "up", "--nodes", "2", check=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "train", "--data", str(root / "shards"), "--epochs", "40", "--output",
+         str(run), *TINY], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "SCALETRAIN_HOME": str(home), "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "metrics.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # node1 dies: its sshd and everything under it (mpirun's daemon, the rank) at once, like a reclaimed
+        # spot instance.
+        sshd = cluster_state(home)["processes"]["node1"]
+        victims = [*descendants(sshd), sshd]
+        assert len(victims) > 1, "nothing runs on node1"
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+        launch(home, "local", "down")
+    assert_one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
+                          "training failed: node node1 (", "stopped answering")
+    assert "node0" not in err.splitlines()[-1].split("stopped answering")[0]
 
 
 def test_bad_train_options(env):
