@@ -20,16 +20,16 @@ import argparse
 import io
 import os
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cputime import median_rates  # noqa: E402
 
 from training.convert import convert  # noqa: E402
 
@@ -102,18 +102,10 @@ def main() -> None:
             "large: convert --resize 480": lambda: converting(root / "large", root / "scratch", resize=480,
                                                               quality=QUALITY),
         }
-        for fn in candidates.values():  # warm up: page cache, imports
-            fn()
-        rates: dict[str, list[float]] = {name: [] for name in candidates}
-        for _ in range(args.rounds):
-            for name, fn in candidates.items():
-                start = time.process_time()  # this process's CPU time: per core, whatever else runs
-                n = fn()
-                rates[name].append(n / (time.process_time() - start))
+        rate = median_rates(candidates, args.rounds)
         kib = sum(p.stat().st_size for p in paths) / len(paths) / 1024
         large_kib = sum(p.stat().st_size for p in large) / len(large) / 1024
 
-    rate = {name: statistics.median(r) for name, r in rates.items()}
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, 1 process (workers=1); {args.images} images "
           f"{WIDTH}x{HEIGHT} q{QUALITY} ({kib:.0f} KiB), {args.large} large {4 * WIDTH}x{4 * HEIGHT} "
           f"({large_kib:.0f} KiB), median of {args.rounds} rounds of process CPU time")

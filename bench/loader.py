@@ -25,10 +25,8 @@ import io
 import os
 import platform
 import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +35,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cputime import median_rates  # noqa: E402
 
 from training.convert import convert  # noqa: E402
 from training.loader import load_manifest, make_loader, read_shard, shards_of  # noqa: E402
@@ -211,18 +211,10 @@ def main() -> None:
         candidates = {name: (lambda fn=fn: run_pipeline(orig_paths, fn, args.size)) for name, fn, _ in STEPS}
         candidates["loader"] = lambda: run_loader(orig, args.size)
         candidates["loader, pre-resized"] = lambda: run_loader(resized, args.size)
-        for fn in candidates.values():  # warm up: page cache, imports, allocator
-            fn()
-        rates: dict[str, list[float]] = {name: [] for name in candidates}
-        for _ in range(args.rounds):
-            for name, fn in candidates.items():
-                start = time.process_time()  # this process's CPU time: per core, whatever else runs
-                n = fn()
-                rates[name].append(n / (time.process_time() - start))
+        rate = median_rates(candidates, args.rounds)
         bytes_orig = sum(p.stat().st_size for p in orig_paths) / args.images
         bytes_small = sum(p.stat().st_size for p in resized.glob("train-*.tar")) / args.images
 
-    rate = {name: statistics.median(r) for name, r in rates.items()}
     base = rate["naive"]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, 1 process x 1 thread; {args.images} images "
           f"{WIDTH}x{HEIGHT} q{QUALITY} ({bytes_orig / 1024:.0f} KiB each, {bytes_small / 1024:.0f} KiB pre-resized), "

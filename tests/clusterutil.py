@@ -20,6 +20,15 @@ def launch(home: Path, *args: str, timeout: float = 600, check: bool = False) ->
     return proc
 
 
+def tiny_shards(home: Path, root: Path) -> Path:
+    """The tests' small data set: 4 classes, 96 training and 24 validation images, in shards of 12."""
+    launch(home, "data", "sample", "--out", str(root / "raw"), "--classes", "4", "--per-class", "24",
+           "--val-per-class", "6", check=True)
+    launch(home, "data", "convert", str(root / "raw"), "--out", str(root / "shards"), "--shard-size", "12",
+           check=True)
+    return root / "shards"
+
+
 def cluster_state(home: Path, name: str = "local") -> dict:
     return json.loads((home / "clusters" / name / "cluster.json").read_text())
 

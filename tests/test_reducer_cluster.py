@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from clusterutil import assert_one_line_error, launch
+from clusterutil import assert_one_line_error, launch, tiny_shards
 
 pytestmark = pytest.mark.cluster
 
@@ -22,10 +22,7 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("reducer")
     home = root / "home"
     launch(home, "local", "up", "--nodes", "2", "--reducers", "1", check=True)
-    launch(home, "data", "sample", "--out", str(root / "raw"), "--classes", "4", "--per-class", "24",
-           "--val-per-class", "6", check=True)
-    launch(home, "data", "convert", str(root / "raw"), "--out", str(root / "shards"), "--shard-size", "12",
-           check=True)
+    tiny_shards(home, root)
     yield root, home
     launch(home, "local", "down")
 

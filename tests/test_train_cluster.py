@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clusterutil import ROOT, alive, assert_one_line_error, cluster_state, launch
+from clusterutil import ROOT, alive, assert_one_line_error, cluster_state, launch, tiny_shards
 
 pytestmark = pytest.mark.cluster
 
@@ -26,10 +26,7 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     home = root / "home"
     launch(home, "local", "up", "--nodes", "2", check=True)
-    launch(home, "data", "sample", "--out", str(root / "raw"), "--classes", "4", "--per-class", "24",
-           "--val-per-class", "6", check=True)
-    launch(home, "data", "convert", str(root / "raw"), "--out", str(root / "shards"), "--shard-size", "12",
-           check=True)
+    tiny_shards(home, root)
     yield root, home
     launch(home, "local", "down")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clusterutil import ROOT, launch
+from clusterutil import ROOT, tiny_shards
 
 pytestmark = pytest.mark.mpi
 
@@ -79,11 +79,7 @@ def verdict_lines(stderr: str) -> list[str]:
 def shards(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("trainer")
     home = root / "home"
-    launch(home, "data", "sample", "--out", str(root / "raw"), "--classes", "4", "--per-class", "24",
-           "--val-per-class", "6", check=True)
-    launch(home, "data", "convert", str(root / "raw"), "--out", str(root / "shards"), "--shard-size", "12",
-           check=True)
-    return root / "shards"
+    return tiny_shards(home, root)
 
 
 @pytest.fixture(scope="module")

@@ -434,7 +434,6 @@ def validate(net, data: Path, val_shards: list[dict], cfg: Config, device, memor
             raise rank_local(e) from None
     # Distributed: sum the hit counts and sample counts of all ranks.
     counts = engine.allreduce(counts, "sum", name="val.counts")
-    net.train()
     total = int(counts[2])
     if total == 0:
         return None, None, 0
