@@ -133,7 +133,9 @@ def worker_main() -> None:
             loss = sum((p_ * g).sum() for p_, g in zip(params, grads, strict=True))
             with engine.accumulate(None) if micro == 0 else _nothing():
                 loss.backward()
-        local = [p_.grad.clone() for p_ in params]
+        # This rank's own gradients (the sum of its micro-batches' rank_grads), taken from the source: the
+        # engine's comm thread may already be writing reduced buckets into .grad while backward runs on.
+        local = [a + b for a, b in zip(rank_grads(rank, step, 0), rank_grads(rank, step, 1), strict=True)]
         engine.finish()
         # The same local gradients through gloo's allreduce over the workers, for comparison.
         ring = [engine.allreduce(t, "mean", name="check") for t in local]
