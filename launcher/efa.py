@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from infra.catalog import InstanceType
+from infra.catalog import InstanceType, get
 from infra.layout import interfaces
+from launcher.cluster import Cluster
 
-__all__ = ["RDMA_FAMILIES", "SoftwareVersions", "efa_devices", "fabric_env", "mpi_mca"]
+__all__ = ["RDMA_FAMILIES", "SoftwareVersions", "efa_devices", "fabric_env", "for_cluster", "mpi_mca",
+           "versions_of"]
 
 # Families whose EFA supports GPUDirect RDMA (the cheatsheet: "only p4 and p5 instances support both EFA and
 # NVIDIA GPUDirect RDMA"). p3dn's and g5's EFA do not.
@@ -94,3 +96,18 @@ def mpi_mca(instance: InstanceType, *, mpi_interface: str | None) -> list[tuple[
     if not mpi_interface:
         mca.append(("btl_tcp_if_exclude", "lo,docker0"))
     return mca
+
+
+def versions_of(software: dict[str, str]) -> SoftwareVersions:
+    """The versions that matter here, from discovery's ``software`` (the image's ``scaletrain:*`` tags, unprefixed)."""
+    return SoftwareVersions(aws_ofi_nccl=software.get("aws-ofi-nccl"), libfabric=software.get("libfabric"))
+
+
+def for_cluster(cluster: Cluster) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """(fabric env, MPI settings) for a run on ``cluster``: from its workers' instance type and its image's
+    versions; nothing on the local cluster or a type without EFA."""
+    if cluster.backend != "aws" or cluster.instance_type is None:
+        return {}, []
+    instance = get(cluster.instance_type)
+    software = cluster.aws.software if cluster.aws else {}
+    return fabric_env(instance, versions_of(software)), mpi_mca(instance, mpi_interface=cluster.mpi_interface)

@@ -92,11 +92,9 @@ def plan_document(
                           batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs,
                           engine="reducer" if tiered else "horovod", reducers=len(cluster.reducers) if tiered else 0)
     fabric = efa.fabric_env(instance, versions)
-    if tiered:  # one MPMD mpirun: the trainer on the workers, training.reducer on the reducer nodes
-        argv = plan.mpmd_mpirun_argv(cluster, workers, cluster.reducers, spec, f"{spec.output}/hostfile")
-    else:
-        argv = plan.fabric_mpirun_argv(cluster, workers, spec, f"{spec.output}/hostfile", fabric_env=fabric,
-                                       mca=efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface))
+    # With the tier: one MPMD mpirun, the trainer on the workers, training.reducer on the reducer nodes.
+    argv = plan.launch_argv(cluster, workers, cluster.reducers if tiered else [], spec, f"{spec.output}/hostfile",
+                            fabric_env=fabric, mca=efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface))
     ranks = sum(n.slots for n in workers)
     global_batch = ranks * batch_per_gpu
     steps = steps_per_epoch(workload.images_per_epoch, ranks, batch_per_gpu)

@@ -96,13 +96,9 @@ def command_line(argv: list[str]) -> str:
     return shlex.join(argv)
 
 
-def fabric_mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_path: str, *,
-                       fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
-    """:func:`mpirun_argv` on a fabric: each of ``mca`` replaces the setting of that name (or is added), and
-    ``fabric_env`` (EFA / NCCL variables, see launcher.efa) is forwarded with ``-x`` after the ranks' own env."""
-    argv = mpirun_argv(cluster, nodes, spec, hostfile_path)
-    trainer = trainer_argv(cluster.python, spec)
-    head = argv[:len(argv) - len(trainer)]
+def _with_mca(head: list[str], mca: list[tuple[str, str]]) -> list[str]:
+    """``head`` (an mpirun line without its program) with each of ``mca`` replacing the setting of that name, or
+    added after the existing ones, before the first ``-x``."""
     pending = dict(mca)
     out: list[str] = []
     i = 0
@@ -116,10 +112,28 @@ def fabric_mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hos
             pending.clear()
         out.append(head[i])
         i += 1
-    out += [arg for key, value in pending.items() for arg in ("--mca", key, value)]
+    return out + [arg for key, value in pending.items() for arg in ("--mca", key, value)]
+
+
+def fabric_mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_path: str, *,
+                       fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
+    """:func:`mpirun_argv` on a fabric: each of ``mca`` replaces the setting of that name (or is added), and
+    ``fabric_env`` (EFA / NCCL variables, see launcher.efa) is forwarded with ``-x`` after the ranks' own env."""
+    argv = mpirun_argv(cluster, nodes, spec, hostfile_path)
+    trainer = trainer_argv(cluster.python, spec)
+    out = _with_mca(argv[:len(argv) - len(trainer)], mca)
     for key, value in sorted(fabric_env.items()):
         out += ["-x", f"{key}={value}"]
     return out + trainer
+
+
+def launch_argv(cluster: Cluster, workers: list[Node], reducers: list[Node], spec: TrainSpec, hostfile_path: str,
+                *, fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
+    """The one mpirun line of a run: the workers alone, or with the reducer tier (MPMD) when there are reducers.
+    ``fabric_env`` and ``mca`` come from launcher.efa (empty on the local cluster and on types without EFA)."""
+    if reducers:
+        return mpmd_mpirun_argv(cluster, workers, reducers, spec, hostfile_path, fabric_env=fabric_env, mca=mca)
+    return fabric_mpirun_argv(cluster, workers, spec, hostfile_path, fabric_env=fabric_env, mca=mca)
 
 
 def reducer_argv(python: str, workers: int) -> list[str]:
@@ -133,10 +147,14 @@ def mpmd_hostfile(workers: list[Node], reducers: list[Node]) -> str:
 
 
 def mpmd_mpirun_argv(cluster: Cluster, workers: list[Node], reducers: list[Node], spec: TrainSpec,
-                     hostfile_path: str) -> list[str]:
+                     hostfile_path: str, *, fabric_env: dict[str, str] | None = None,
+                     mca: list[tuple[str, str]] = ()) -> list[str]:
     """One mpirun for the reducer tier (seed 004), OpenMPI's MPMD colon syntax: the trainer on the worker nodes'
     slots (ranks 0..W-1), then the reducer program once on each reducer node (ranks W..W+K-1). Environment is
-    per program in OpenMPI, so each gets its own ``-x``; reducers get the threads of their own nodes."""
+    per program in OpenMPI, so each gets its own ``-x``; reducers get the threads of their own nodes.
+
+    ``mca`` applies to the whole job (MPI's own traffic stays on TCP); ``fabric_env`` (the GPU nodes' EFA / NCCL
+    variables) goes to the workers only: the reducers (CPU nodes) run gloo over TCP and load no NCCL."""
     if not reducers or spec.reducers != len(reducers) or spec.engine != "reducer":
         raise ValueError(f"the reducer tier needs engine 'reducer' and spec.reducers == {len(reducers)} reducer "
                          f"node(s); got engine '{spec.engine}' and reducers={spec.reducers}")
@@ -150,8 +168,9 @@ def mpmd_mpirun_argv(cluster: Cluster, workers: list[Node], reducers: list[Node]
     if cluster.mpi_interface:
         argv += ["--mca", "btl_tcp_if_include", cluster.mpi_interface,
                  "--mca", "oob_tcp_if_include", cluster.mpi_interface]
+    argv = _with_mca(argv, list(mca))
     rendezvous = engine_env(spec, workers)
-    worker_env = rank_env(cluster, workers) | rendezvous
+    worker_env = rank_env(cluster, workers) | rendezvous | dict(fabric_env or {})
     reducer_env = rank_env(cluster, workers) | rendezvous | {"OMP_NUM_THREADS": str(min(n.cpus for n in reducers))}
     if cluster.mpi_interface:  # gloo's own sockets stay on the MPI interface too
         worker_env["GLOO_SOCKET_IFNAME"] = reducer_env["GLOO_SOCKET_IFNAME"] = cluster.mpi_interface

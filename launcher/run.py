@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import plan, remote
+from launcher import efa, plan, remote
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
 
@@ -80,10 +80,8 @@ def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_dat
     hosts = plan.mpmd_hostfile(nodes, reducers) if reducers else plan.hostfile(nodes)
     _on_first(cluster, first, f"printf %s {shlex.quote(hosts)} > {shlex.quote(hostfile_path)}",
               "writing the hostfile")
-    if reducers:
-        argv = plan.mpmd_mpirun_argv(cluster, nodes, reducers, spec, hostfile_path)
-    else:
-        argv = plan.mpirun_argv(cluster, nodes, spec, hostfile_path)
+    fabric_env, mca = efa.for_cluster(cluster)  # EFA / NCCL settings on AWS; none on the local cluster
+    argv = plan.launch_argv(cluster, nodes, reducers or [], spec, hostfile_path, fabric_env=fabric_env, mca=mca)
     tier = f", {len(reducers)} reducer node(s)" if reducers else ""
     print(f"[launch] {len(nodes)} node(s), {sum(n.slots for n in nodes)} rank(s){tier}: {plan.command_line(argv)}",
           flush=True)

@@ -97,10 +97,36 @@ def test_old_software_on_the_image_brings_back_the_workarounds():
 def test_mpmd_argv_with_reducers(instance_type):
     c = cluster(instance_type, workers=2, reducers=2)
     spec = SPEC.model_copy(update={"engine": "reducer", "reducers": 2})
-    argv = plan.mpmd_mpirun_argv(c, c.workers, c.reducers, spec, f"{SPEC.output}/hostfile")
+    fabric, mca = efa.for_cluster(c)
+    argv = plan.launch_argv(c, c.workers, c.reducers, spec, f"{SPEC.output}/hostfile", fabric_env=fabric, mca=mca)
     doc = {"hostfile": plan.mpmd_hostfile(c.workers, c.reducers), "mpirun": argv}
     assert_golden(f"aws-{instance_type}-reducers.json", json.dumps(doc, indent=1) + "\n")
     assert argv[argv.index(":") + 4] == "reducer0:1,reducer1:1"
+    # MPI's own traffic stays on TCP for the whole job; the EFA variables go to the GPU workers only.
+    workers, reducers = argv[:argv.index(":")], argv[argv.index(":"):]
+    assert argv[argv.index("btl") + 1] == "tcp,self" and "^openib" not in argv
+    assert "FI_EFA_USE_HUGE_PAGE=0" in workers and not any(a.startswith("FI_") for a in reducers)
+
+
+@pytest.mark.parametrize("instance_type", FAMILIES)
+def test_a_discovered_cluster_runs_with_the_plan_launch_plan_shows(instance_type):
+    # launch train (efa.for_cluster over discovery) and launch plan (catalog + the image's tags) agree.
+    c = cluster(instance_type)
+    instance = catalog.get(instance_type)
+    fabric, mca = efa.for_cluster(c)
+    versions = software_versions({f"scaletrain:{k}": v for k, v in c.aws.software.items()})
+    assert versions == efa.versions_of(c.aws.software)
+    assert fabric == efa.fabric_env(instance, versions)
+    assert mca == efa.mpi_mca(instance, mpi_interface=c.mpi_interface)
+    argv = plan.launch_argv(c, c.workers, [], SPEC, f"{SPEC.output}/hostfile", fabric_env=fabric, mca=mca)
+    assert argv == plan.fabric_mpirun_argv(c, c.workers, SPEC, f"{SPEC.output}/hostfile", fabric_env=fabric, mca=mca)
+
+
+def test_the_local_cluster_gets_no_fabric_settings():
+    local = cluster("p4d.24xlarge").model_copy(update={"backend": "local", "aws": None, "instance_type": None})
+    assert efa.for_cluster(local) == ({}, [])
+    argv = plan.launch_argv(local, local.workers, [], SPEC, "/h", fabric_env={}, mca=[])
+    assert argv == plan.mpirun_argv(local, local.workers, SPEC, "/h")
 
 
 @pytest.mark.parametrize("instance_type", FAMILIES)
