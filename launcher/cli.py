@@ -193,7 +193,9 @@ def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, prof
     rows = aws.status(sess, c, now)
     table = Table(title=f"cluster '{c.name}' (aws, {c.aws.region}, {c.instance_type})")
     for col in ("node", "role", "instance", "address", "state", "uptime", "cost so far (USD)"):
-        table.add_column(col, justify="right" if col.startswith("cost") else "left")
+        # Ids and addresses are what people copy: folded onto a second line in a narrow terminal, never cut.
+        table.add_column(col, justify="right" if col.startswith("cost") else "left", overflow="fold",
+                         min_width=19 if col == "instance" else None)
     for n, r in zip(c.nodes, rows, strict=True):
         table.add_row(n.name, n.role, n.instance_id or "", n.address, r.state, lifecycle.format_duration(r.uptime_s),
                       f"{r.cost_usd:,.2f}")

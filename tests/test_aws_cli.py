@@ -1,0 +1,74 @@
+"""What `launch status` (with --extend-ttl) and `launch ssh` print, through the real CLI: status against a stack in
+moto, ssh against the local cluster's real sshd."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from clusterutil import assert_one_line_error, cluster_state, launch
+from test_aws_moto import deploy, env  # noqa: F401 -- env is the moto fixture
+
+from launcher import aws, cli
+from launcher import cluster as clusters
+
+
+@pytest.fixture
+def no_console(monkeypatch):
+    monkeypatch.setattr(aws, "console_host_keys", lambda sess, iid: [])
+
+
+def test_status_on_aws_lists_every_node_with_cost_and_ttl(env, no_console, capsys):  # noqa: F811
+    deploy(workers=2, reducers=1)
+    assert cli.main(["status", "--cluster", "c1"]) == 0
+    out = capsys.readouterr().out
+    assert "cluster 'c1' (aws, us-east-1, p4d.24xlarge)" in out
+    c = clusters.load("c1")
+    for n in c.nodes:
+        row = next(line for line in out.splitlines() if f" {n.name} " in line)
+        assert n.role in row and n.instance_id in row and n.address in row and "running" in row
+    assert "cost so far: $" in out and "(on-demand prices)" in out
+    assert "left (deletes itself from 2030-01-01T00:00:00Z)" in out
+
+
+def test_status_extend_ttl_moves_the_deadline_it_then_shows(env, no_console, capsys):  # noqa: F811
+    deploy(workers=1)
+    assert cli.main(["status", "--cluster", "c1", "--extend-ttl", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "TTL extended: the stack deletes itself from 2030-01-01 06:00:00 UTC" in out
+    assert "deletes itself from 2030-01-01T06:00:00Z" in out  # the table's TTL line reads the new deadline
+    got = boto3.client("scheduler").get_schedule(Name="c1-ttl", GroupName="default")
+    assert got["StartDate"].strftime("%Y-%m-%d %H:%M") == "2030-01-01 06:00"
+
+
+def test_status_extend_ttl_bad_input_is_one_line(env, no_console, capsys):  # noqa: F811
+    deploy(workers=1)
+    assert cli.main(["status", "--cluster", "c1", "--extend-ttl", "-3"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "-3" in err[0], err
+
+
+def test_status_on_a_stopped_node_exits_non_zero(env, no_console, capsys):  # noqa: F811
+    deploy(workers=2)
+    assert cli.main(["status", "--cluster", "c1"]) == 0
+    boto3.client("ec2").stop_instances(InstanceIds=[clusters.load("c1").nodes[1].instance_id])
+    capsys.readouterr()
+    assert cli.main(["status", "--cluster", "c1"]) == 1
+    row = next(line for line in capsys.readouterr().out.splitlines() if " node1 " in line)
+    assert "stopp" in row
+
+
+@pytest.mark.cluster
+def test_launch_ssh_runs_on_the_named_node_and_refuses_unknown_ones(tmp_path):
+    home = tmp_path / "home"
+    launch(home, "local", "up", "--nodes", "2", check=True)
+    try:
+        proc = launch(home, "ssh", "node1", "--", "echo", "on", "$SCALETRAIN_NODE", "in", "$SCALETRAIN_WORKDIR",
+                      timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        workdir = cluster_state(home)["nodes"][1]["workdir"]
+        assert proc.stdout.strip() == f"on node1 in {workdir}"
+        # The remote command's exit status comes back as launch's own.
+        assert launch(home, "ssh", "node0", "--", "exit", "7", timeout=60).returncode == 7
+        assert_one_line_error(launch(home, "ssh", "node9", "--", "true", timeout=60), "node9")
+    finally:
+        launch(home, "local", "down")
