@@ -99,6 +99,23 @@ def local_down(cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local
     console.print(f"cluster '{c.name}' is down ({stopped} sshd process(es) stopped)")
 
 
+@local_app.command("replace")
+def local_replace(nodes: list[str] = typer.Argument(None, metavar="[NODE]...",
+                                                     help="Nodes to replace; default: every node whose sshd died."),
+                  cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local cluster name.")):
+    """Start dead nodes afresh (new port, new host key), as an Auto Scaling group replaces an instance."""
+    c = clusters.load(cluster)
+    if c.backend != "local":
+        raise LaunchError(f"cluster '{c.name}' is an AWS cluster; its Auto Scaling groups replace instances and "
+                          f"the next `launch train` discovers them")
+    c, replaced = local.replace(c, nodes or [])
+    if not replaced:
+        console.print(f"nothing to replace: every node of cluster '{c.name}' is running")
+    for r in replaced:
+        console.print(f"{r.node} replaced: 127.0.0.1:{r.port} (was {r.old_port}), pid {r.pid}, "
+                      f"host key {r.fingerprint} pinned, the old one removed")
+
+
 @app.command("exec", context_settings={"allow_interspersed_args": False})
 def exec_(command: list[str] = typer.Argument(..., help="The command (after --), run by each node's shell."),
           cluster: str = ClusterOpt):

@@ -2,13 +2,16 @@
 
 Each node gets its own port, host key, working directory and log; the cluster gets one user key pair,
 an ssh_config and a known_hosts file holding the host keys generated here (pinned at creation, so no
-connection ever accepts an unknown key). `down` stops exactly the processes `up` started.
+connection ever accepts an unknown key). `replace` starts a dead node afresh (new port, new host key, the old
+key unpinned), as an Auto Scaling group replaces an instance. `down` stops exactly the processes these started.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import getpass
+import hashlib
 import os
 import shutil
 import signal
@@ -16,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import render
@@ -122,6 +126,55 @@ def _wait_for_banner(port: int, proc: subprocess.Popen, log: Path, timeout: floa
     raise LaunchError(f"sshd on port {port} did not answer within {timeout:.0f} s; see {log}")
 
 
+def _check_tools() -> None:
+    if not os.access(SSHD, os.X_OK):
+        raise LaunchError(f"no sshd at {SSHD}; install openssh-server (`make setup` does)")
+    if shutil.which("ssh-keygen") is None:
+        raise LaunchError("no ssh-keygen on PATH; install openssh-client")
+
+
+def _start_node(d: Path, cluster: str, node: str, role: str, port: int, user: str, cpus: int
+                ) -> tuple[Node, str, subprocess.Popen]:
+    """One node from nothing, as a new instance boots: a fresh working directory and host key, its sshd answering
+    on `port`. Returns (the node, its public host key, the sshd process)."""
+    nd = d / "nodes" / node
+    workdir = nd / "work"
+    workdir.mkdir(parents=True)
+    host_pub = _keygen(nd / "ssh_host_ed25519_key", f"scaletrain-{cluster}-{node}")
+    cfg = nd / "sshd_config"
+    cfg.write_text(render.sshd_config(
+        cluster, node, port=port, host_key=str(nd / "ssh_host_ed25519_key"), pid_file=str(nd / "sshd.pid"),
+        authorized_keys=str(d / "authorized_keys"), user=user, workdir=str(workdir)))
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+    log = nd / "sshd.log"
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
+                                stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    (nd / "launcher.pid").write_text(f"{proc.pid}\n")  # before waiting: a crash mid-start still finds it
+    try:
+        _wait_for_banner(port, proc, log)
+    except BaseException:
+        _stop_pids({node: proc.pid}, d)
+        raise
+    return (Node(name=node, address="127.0.0.1", port=port, role=role, slots=1, cpus=cpus, workdir=str(workdir)),
+            host_pub, proc)
+
+
+def ssh_files(cluster: Cluster, host_keys: dict[str, str]) -> tuple[str, str]:
+    """(ssh_config, known_hosts) for the nodes as they are now: each node's current port, only its current host key."""
+    identity = str(Path(cluster.ssh_config).with_name("id_ed25519"))
+    config = render.ssh_config(cluster.name, [(n.name, n.address, n.port) for n in cluster.nodes],
+                               user=cluster.user, identity_file=identity, known_hosts=cluster.known_hosts)
+    return config, render.known_hosts([(n.address, n.port, host_keys[n.name]) for n in cluster.nodes])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = LOCAL) -> Cluster:
     if nodes < 1:
         raise LaunchError(f"--nodes must be >= 1, got {nodes}")
@@ -129,10 +182,7 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
         raise LaunchError(f"--reducers must be >= 0, got {reducers}")
     if nodes + reducers > 64:
         raise LaunchError(f"--nodes + --reducers must be at most 64 on one machine, got {nodes + reducers}")
-    if not os.access(SSHD, os.X_OK):
-        raise LaunchError(f"no sshd at {SSHD}; install openssh-server (`make setup` does)")
-    if shutil.which("ssh-keygen") is None:
-        raise LaunchError("no ssh-keygen on PATH; install openssh-client")
+    _check_tools()
 
     d = cluster_dir(name)
     if d.exists():
@@ -156,42 +206,103 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
     (d / "authorized_keys").write_text(user_pub)
     cpus = cpus_per_node(os.cpu_count() or 1, len(roles))
 
-    node_models, host_keys, procs = [], [], {}
+    node_models, host_keys, procs = [], {}, {}
     try:
         for (node, role), port in zip(roles, ports, strict=True):
-            nd = d / "nodes" / node
-            workdir = nd / "work"
-            workdir.mkdir(parents=True)
-            host_pub = _keygen(nd / "ssh_host_ed25519_key", f"scaletrain-{name}-{node}")
-            host_keys.append(("127.0.0.1", port, host_pub))
-            cfg = nd / "sshd_config"
-            cfg.write_text(render.sshd_config(
-                name, node, port=port, host_key=str(nd / "ssh_host_ed25519_key"), pid_file=str(nd / "sshd.pid"),
-                authorized_keys=str(d / "authorized_keys"), user=user, workdir=str(workdir)))
-            if os.geteuid() == 0:
-                Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-            log = nd / "sshd.log"
-            with open(log, "wb") as logf:
-                proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
-                                        stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-            procs[node] = proc
-            (nd / "launcher.pid").write_text(f"{proc.pid}\n")
-            _wait_for_banner(port, proc, log)
-            node_models.append(Node(name=node, address="127.0.0.1", port=port, role=role, slots=1, cpus=cpus,
-                                    workdir=str(workdir)))
-        (d / "known_hosts").write_text(render.known_hosts(host_keys))
-        (d / "ssh_config").write_text(render.ssh_config(
-            name, [(n.name, n.address, n.port) for n in node_models], user=user,
-            identity_file=str(identity), known_hosts=str(d / "known_hosts")))
+            n, host_keys[node], procs[node] = _start_node(d, name, node, role, port, user, cpus)
+            node_models.append(n)
+        cluster = Cluster(name=name, backend="local", nodes=node_models, user=user,
+                          ssh_config=str(d / "ssh_config"), known_hosts=str(d / "known_hosts"),
+                          python=sys.executable, mpi_interface="lo", processes={n: p.pid for n, p in procs.items()})
+        config, known = ssh_files(cluster, host_keys)
+        (d / "known_hosts").write_text(known)
+        (d / "ssh_config").write_text(config)
     except BaseException:
         _stop_pids({n: p.pid for n, p in procs.items()}, d)
         shutil.rmtree(d, ignore_errors=True)
         raise
-    cluster = Cluster(name=name, backend="local", nodes=node_models, user=user, ssh_config=str(d / "ssh_config"),
-                      known_hosts=str(d / "known_hosts"), python=sys.executable, mpi_interface="lo",
-                      processes={n: p.pid for n, p in procs.items()})
     save(cluster)
     return cluster
+
+
+def to_replace(cluster: Cluster, requested: list[str], running: set[str]) -> list[str]:
+    """Which nodes `launch local replace` starts afresh, in cluster order: the named ones, or with none named every
+    node whose sshd is gone. Naming an unknown node or one still running is an error."""
+    for name in requested:
+        cluster.node(name)  # an unknown name is one line naming the nodes there are
+    alive = [n for n in cluster.names() if n in requested and n in running]
+    if alive:
+        raise LaunchError(f"{', '.join(alive)} of cluster '{cluster.name}' {'is' if len(alive) == 1 else 'are'} "
+                          f"still running; only a node whose sshd died can be replaced "
+                          f"(`launch local replace` with no names replaces every dead node)")
+    return [n for n in cluster.names() if (n in requested if requested else n not in running)]
+
+
+def fresh_ports(count: int, avoid: set[int]) -> list[int]:
+    """`count` free ports none of which is in `avoid` (a replaced node's old port may be free again)."""
+    return [p for p in pick_ports(count + len(avoid), None) if p not in avoid][:count]
+
+
+def fingerprint(public_key: str) -> str:
+    """OpenSSH's SHA256 fingerprint of a `TYPE BASE64 [comment]` public key line."""
+    blob = base64.b64decode(public_key.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class Replaced:
+    node: str
+    old_port: int
+    port: int
+    pid: int
+    fingerprint: str                         # of the new host key, now the only one pinned for the node
+
+
+def replace(cluster: Cluster, requested: list[str]) -> tuple[Cluster, list[Replaced]]:
+    """Start dead nodes afresh, as an Auto Scaling group replaces an instance: each on a new port with a new host
+    key and an empty working directory; ssh_config, known_hosts (new key pinned, old one gone) and cluster.json
+    are rewritten atomically. Nothing changes when a node fails to start."""
+    d = cluster_dir(cluster.name)
+    names = to_replace(cluster, requested, set(running_nodes(cluster)))
+    if not names:
+        return cluster, []
+    _check_tools()
+    ports = fresh_ports(len(names), {n.port for n in cluster.nodes})
+    files = {Path(cluster.ssh_config): Path(cluster.ssh_config).read_text(),
+             Path(cluster.known_hosts): Path(cluster.known_hosts).read_text()}
+    parked: dict[str, Path] = {}
+    started: dict[str, tuple[Node, str, subprocess.Popen]] = {}
+    attempted: list[str] = []
+    try:
+        for name, port in zip(names, ports, strict=True):
+            old = cluster.node(name)
+            nd = d / "nodes" / name
+            attempted.append(name)
+            if nd.exists():  # the dead node's disk, kept until its replacement answers
+                parked[name] = nd.rename(nd.with_name(f".{name}.replaced"))
+            started[name] = _start_node(d, cluster.name, name, old.role, port, cluster.user, old.cpus)
+        new = cluster.model_copy(update={
+            "nodes": [started[n.name][0] if n.name in started else n for n in cluster.nodes],
+            "processes": {**cluster.processes, **{n: s[2].pid for n, s in started.items()}}})
+        keys = {n: started[n][1] if n in started else (d / "nodes" / n / "ssh_host_ed25519_key.pub").read_text()
+                for n in new.names()}
+        config, known = ssh_files(new, keys)
+        _write_atomic(Path(new.known_hosts), known)
+        _write_atomic(Path(new.ssh_config), config)
+        save(new)
+    except BaseException:
+        _stop_pids({n: s[2].pid for n, s in started.items()}, d)
+        for name in attempted:
+            shutil.rmtree(d / "nodes" / name, ignore_errors=True)
+            if name in parked:
+                parked[name].rename(d / "nodes" / name)
+        for path, text in files.items():
+            _write_atomic(path, text)
+        raise
+    for park in parked.values():
+        shutil.rmtree(park, ignore_errors=True)
+    return new, [Replaced(n, cluster.node(n).port, new.node(n).port, new.processes[n], fingerprint(started[n][1]))
+                 for n in names]
 
 
 def _recorded_pids(d: Path, cluster: Cluster | None) -> dict[str, int]:

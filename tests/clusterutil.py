@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +53,38 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
     assert sum(1 for ln in lines if ln.startswith("error: ")) == 1, err
     for f in fragments:
         assert f in lines[-1], err
+
+
+def launch_background(home: Path, *args: str) -> subprocess.Popen:
+    """`launch ARGS` started and left running (e.g. a training run to interrupt); the caller communicates."""
+    env = {**os.environ, "SCALETRAIN_HOME": str(home), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=ROOT, text=True, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
+def kill_node(home: Path, node: str, name: str = "local") -> list[int]:
+    """SIGKILL a local node's sshd and everything under it at once, as when a spot instance is reclaimed.
+    Returns the pids killed."""
+    sshd = cluster_state(home, name)["processes"][node]
+    victims = [*descendants(sshd), sshd]
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return victims

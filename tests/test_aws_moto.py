@@ -7,8 +7,10 @@ and propagates the scaletrain:* tags) and the outputs infra/README.md lists. No 
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
+import os
 from pathlib import Path
 
 import boto3
@@ -228,3 +230,46 @@ def test_train_on_a_missing_stack_is_one_line(env, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: no stack 'ghost' in us-east-1 (wrong region? pass --region); deploy one with "
                    "`npx cdk deploy -c cluster_name=ghost`"]
+
+
+def test_a_replaced_worker_is_discovered_with_its_new_key_pinned_and_the_old_one_gone(env):
+    """A reclaimed spot instance: its Auto Scaling group launches another (new id, address, host key); the next
+    discovery (every `launch train`, so also `--resume`) names nodes by the same rule and pins only live keys."""
+    deploy(workers=2)
+    keys: dict[str, str] = {}
+
+    def console(iid: str) -> list[str]:  # each boot prints its own freshly generated key
+        keys.setdefault(iid, "ssh-ed25519 " + base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x20"
+                                                                + os.urandom(32)).decode())
+        return aws.access.host_keys_from_console(
+            f"-----BEGIN SSH HOST KEY KEYS-----\n{keys[iid]} root@{iid}\n-----END SSH HOST KEY KEYS-----\n")
+
+    sess = aws.session()
+    before = aws.discover_cluster(sess, "c1", console=console)
+    node0, old = before.node("node0"), before.node("node1")
+    boto3.client("autoscaling").terminate_instance_in_auto_scaling_group(
+        InstanceId=old.instance_id, ShouldDecrementDesiredCapacity=False)
+
+    after = aws.discover_cluster(sess, "c1", console=console)
+    new = after.node("node1")
+    assert after.names() == ["node0", "node1"] and after.node("node0") == node0
+    assert new.instance_id not in (old.instance_id, node0.instance_id) and new.address != old.address
+    assert new.slots == old.slots and new.instance_type == old.instance_type
+    known = Path(after.known_hosts).read_text()
+    assert known.splitlines() == [f"{node0.instance_id} {keys[node0.instance_id]}",
+                                  f"{new.instance_id} {keys[new.instance_id]}"]
+    node_known = (Path(after.ssh_config).parent / "node_known_hosts").read_text()
+    assert f"node1,{new.address} {keys[new.instance_id]}\n" in node_known
+    config = Path(after.ssh_config).read_text()
+    assert f"HostName {new.instance_id}" in config
+    for text in (known, node_known, config):
+        assert old.instance_id not in text and keys[old.instance_id] not in text and f"{old.address} " not in text
+    assert clusters.load("c1") == after
+
+    # Names follow ascending private address, not the instance replaced: a new node0 ranks after the survivor.
+    boto3.client("autoscaling").terminate_instance_in_auto_scaling_group(
+        InstanceId=node0.instance_id, ShouldDecrementDesiredCapacity=False)
+    last = aws.discover_cluster(sess, "c1", console=console)
+    assert last.node("node0").instance_id == new.instance_id
+    assert last.node("node1").instance_id not in (node0.instance_id, new.instance_id, old.instance_id)
+    assert node0.instance_id not in Path(last.known_hosts).read_text()
