@@ -17,8 +17,8 @@ import shlex
 from launcher.errors import LaunchError
 from launcher.render import _env
 
-__all__ = ["BASTION_RE", "authorize_key_script", "host_keys_from_console", "known_hosts_aws", "node_ssh_config",
-           "ssh_config_bastion", "ssh_config_ssm", "ssm_proxy_command"]
+__all__ = ["BASTION_RE", "authorize_key_script", "host_keys_from_console", "known_host_name", "known_hosts_aws",
+           "node_ssh_config", "ssh_config_bastion", "ssh_config_ssm", "ssm_proxy_command"]
 
 _BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"
 _END = "-----END SSH HOST KEY KEYS-----"
@@ -72,11 +72,13 @@ def ssm_proxy_command(region: str, profile: str | None = None) -> str:
 
 
 def _render(cluster: str, how: str, nodes: list[tuple[str, str]], *, user: str, identity_file: str,
-            known_hosts: str, proxy_command: str | None = None, proxy_jump: str | None = None) -> str:
+            known_hosts: str, proxy_command: str | None = None, proxy_jump: str | None = None,
+            ports: dict[str, int] | None = None) -> str:
+    ports = {n: p for n, p in (ports or {}).items() if p != 22}  # the shared block's Port 22 covers the rest
     return _env.get_template("ssh_config_aws.j2").render(
         cluster=cluster, how=how, user=user, identity_file=identity_file, known_hosts=known_hosts,
         proxy_command=proxy_command, proxy_jump=proxy_jump,
-        nodes=[{"name": n, "host": h} for n, h in nodes], names=[n for n, _ in nodes])
+        nodes=[{"name": n, "host": h, "port": ports.get(n)} for n, h in nodes], names=[n for n, _ in nodes])
 
 
 def ssh_config_ssm(cluster: str, nodes: list[tuple[str, str]], *, user: str, identity_file: str, known_hosts: str,
@@ -96,10 +98,17 @@ def ssh_config_bastion(cluster: str, nodes: list[tuple[str, str]], *, user: str,
 
 
 def node_ssh_config(cluster: str, nodes: list[tuple[str, str]], *, user: str, identity_file: str,
-                    known_hosts: str) -> str:
-    """nodes: (name, private address). What mpirun on the first node uses to start the others."""
+                    known_hosts: str, ports: dict[str, int] | None = None) -> str:
+    """nodes: (name, private address). What mpirun on the first node uses to start the others.
+
+    ``ports``: node name -> SSH port where it is not 22 (nodes sharing one address, as on loopback)."""
     return _render(cluster, "between the nodes", nodes, user=user, identity_file=identity_file,
-                   known_hosts=known_hosts)
+                   known_hosts=known_hosts, ports=ports)
+
+
+def known_host_name(address: str, port: int = 22) -> str:
+    """How OpenSSH names a host in known_hosts: the address, or ``[address]:port`` off port 22."""
+    return address if port == 22 else f"[{address}]:{port}"
 
 
 def authorize_key_script(user: str, public_key: str) -> str:

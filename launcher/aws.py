@@ -23,7 +23,7 @@ from launcher.cluster import Cluster, Node, cluster_dir, save
 from launcher.errors import LaunchError
 
 __all__ = ["aws_errors", "console_host_keys", "decode_console", "discover_cluster", "extend_ttl", "gather_facts",
-           "leftover_instances", "session", "stack_outputs", "status", "teardown"]
+           "leftover_instances", "session", "stack_outputs", "status", "teardown", "write_node_access_files"]
 
 
 @contextlib.contextmanager
@@ -131,7 +131,6 @@ def discover_cluster(sess: boto3.Session, stack: str, *, profile: str | None = N
     d = cluster_dir(stack)
     d.mkdir(parents=True, exist_ok=True)
     _keypair(d, "id_ed25519", f"scaletrain-launcher-{stack}")
-    _keypair(d, "node_ed25519", f"scaletrain-nodes-{stack}")
     c = discover.build_cluster(outputs, found, stack=stack, region=sess.region_name, profile=profile,
                                ssh_config=str(d / "ssh_config"), known_hosts=str(d / "known_hosts"),
                                software=software, access="bastion" if bastion else "ssm", bastion=bastion)
@@ -157,14 +156,23 @@ def write_access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
                                         identity_file=str(d / "id_ed25519"), known_hosts=c.known_hosts,
                                         bastion=c.aws.bastion or "")
         reach = {n.name: [n.address] for n in c.nodes}
-    node_dir = str(Path(c.aws.node_ssh_config).parent)
     Path(c.ssh_config).write_text(cfg)
     Path(c.known_hosts).write_text(access.known_hosts_aws([(reach[n.name], keys[n.name]) for n in pinned]))
+    write_node_access_files(c, keys)
+
+
+def write_node_access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
+    """The nodes' own key pair (made once), ssh_config and known_hosts, beside the launcher's ssh_config:
+    what awsrun.install_node_access puts on every node so that mpirun on the first node reaches the others."""
+    assert c.aws is not None
+    d = Path(c.ssh_config).parent
+    _keypair(d, "node_ed25519", f"scaletrain-nodes-{c.name}")
+    node_dir = str(Path(c.aws.node_ssh_config).parent)
     (d / "node_ssh_config").write_text(access.node_ssh_config(
         c.name, [(n.name, n.address) for n in c.nodes], user=c.user, identity_file=f"{node_dir}/id_ed25519",
-        known_hosts=f"{node_dir}/known_hosts"))
-    (d / "node_known_hosts").write_text(access.known_hosts_aws([([n.name, n.address], keys[n.name])
-                                                                for n in pinned]))
+        known_hosts=f"{node_dir}/known_hosts", ports={n.name: n.port for n in c.nodes}))
+    (d / "node_known_hosts").write_text(access.known_hosts_aws([
+        ([n.name, access.known_host_name(n.address, n.port)], keys[n.name]) for n in c.nodes if keys.get(n.name)]))
 
 
 def authorize_keys(sess: boto3.Session, c: Cluster) -> str:

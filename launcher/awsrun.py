@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import boto3
 
-from launcher import aws, readiness, remote, staging, storage
-from launcher.cluster import Cluster, Node, save
+from launcher import aws, dataprep, readiness, remote, staging, storage
+from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
 
 T = TypeVar("T")
@@ -109,21 +109,30 @@ def _on_nodes(c: Cluster, scripts: dict[str, str], what: str, *, sudo: bool) -> 
 
 
 def install_node_access(c: Cluster) -> None:
-    """Put the nodes' key, ssh_config and known_hosts on every node (SFTP), so mpirun on node0 reaches the others."""
+    """Put the nodes' key, ssh_config and known_hosts on every node (SFTP, mode 0600), so mpirun on node0 reaches
+    the others."""
     assert c.aws is not None
     d = Path(c.ssh_config).parent
     target = str(Path(c.aws.node_ssh_config).parent)
-    files = {"id_ed25519": (d / "node_ed25519").read_text(), "ssh_config": (d / "node_ssh_config").read_text(),
-             "known_hosts": (d / "node_known_hosts").read_text()}
+    sources = {"id_ed25519": d / "node_ed25519", "ssh_config": d / "node_ssh_config",
+               "known_hosts": d / "node_known_hosts"}
+    missing = [str(p) for p in sources.values() if not p.is_file()]
+    if missing:
+        raise LaunchError(f"missing {', '.join(missing)}; discover the cluster again (`launch discover`)")
+    files = {name: path.read_text() for name, path in sources.items()}
     _on_nodes(c, {n.name: f"install -d -m 700 {shlex.quote(target)}" for n in c.nodes},
               "creating the cluster's ssh directory", sudo=False)
 
     def one(node: Node) -> None:
+        # Written aside, then renamed: a reader never sees half a file, and nodes sharing a home do not collide.
         for name, text in files.items():
-            remote.put_text(c, node, text, f"{target}/{name}")
+            remote.put_text(c, node, text, f"{target}/.{name}.{node.name}")
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(c.nodes))) as pool:
         list(pool.map(one, c.nodes))
+    _on_nodes(c, {n.name: " && ".join(f"mv -f {shlex.quote(f'{target}/.{name}.{n.name}')} "
+                                      f"{shlex.quote(f'{target}/{name}')}" for name in files) for n in c.nodes},
+              "installing the cluster's ssh files", sudo=False)
 
 
 def prepare_storage(c: Cluster) -> None:
@@ -145,21 +154,40 @@ def shared_root(c: Cluster) -> str | None:
     return f"{mount}/scaletrain" if mount else None
 
 
-def stage_data(c: Cluster, nodes: list[Node], data: str) -> str:
-    """Put ``--data`` where the ranks read it; the shards directory as the nodes see it."""
+def stage_data(c: Cluster, nodes: list[Node], data: str, *, shard_size: int = 1000, aws_cli: str = "aws") -> str:
+    """Put ``--data`` where the ranks read it; the shards directory as the nodes see it.
+
+    ImageNet as downloaded (no manifest.json) is converted on every node of the cluster into shards of
+    ``shard_size`` samples on the shared storage; a later call finds them there and converts nothing.
+    ``aws_cli``: how the nodes start the AWS CLI (tests point it at a local S3 endpoint).
+    """
     assert c.aws is not None
-    root = shared_root(c) or f"{nodes[0].workdir}"
-    plan = staging.decide(data, storage=c.aws.storage, data_bucket=c.aws.data_bucket, shared_root=root)
+    first = nodes[0]
+    root = shared_root(c) or first.workdir
+    found = {}
+    if not data.startswith("s3://"):
+        script = staging.probe_script(staging.probe_paths(data, shared_root=root))
+        code, text = remote.check(c, first, script)
+        if code != 0:
+            raise LaunchError(f"looking at --data {data} on {first.name} failed (exit {code})")
+        found = staging.parse_probe(text)
+    plan = staging.decide(data, storage=c.aws.storage, data_bucket=c.aws.data_bucket, shared_root=root,
+                          found=found, node=first.name)
     if plan.kind == "ready":
+        if plan.dest != plan.source:
+            say(f"using {plan.dest}, converted from {plan.source} by an earlier run")
         return plan.dest
-    code, text = remote.check(c, nodes[0], f"aws s3 cp --only-show-errors {shlex.quote(plan.source.rstrip('/'))}"
-                                           f"/manifest.json -")
+    if plan.kind == "convert":
+        say(f"converting {plan.source} to shards in {plan.dest} on {len(c.nodes)} node(s)")
+        dataprep.convert_on_cluster(c, dataprep.ConvertSpec(src=plan.source, out=plan.dest, shard_size=shard_size))
+        return plan.dest
+    code, text = remote.check(c, first, f"{aws_cli} s3 cp --only-show-errors "
+                                        f"{shlex.quote(plan.source.rstrip('/') + '/manifest.json')} -")
     if code != 0:
-        raise LaunchError(f"no manifest.json under {plan.source} (read from {nodes[0].name}); make shards with "
-                          f"`launch data convert` and upload them")
+        raise LaunchError(staging.no_s3_manifest(plan.source, first.name))
     shards = [s["name"] for s in json.loads(text)["shards"]]
-    scripts = staging.s3_copy_scripts(plan, shards, [n.name for n in nodes], shared=shared_root(c) is not None)
+    scripts = staging.s3_copy_scripts(plan, shards, [n.name for n in nodes], shared=shared_root(c) is not None,
+                                      aws_cli=aws_cli)
     say(f"staging {len(shards)} shard(s) from {plan.source} to {plan.dest} on {len(nodes)} node(s)")
     _on_nodes(c, scripts, "staging the data", sudo=False)
-    save(c)
     return plan.dest

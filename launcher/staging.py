@@ -6,29 +6,75 @@
   then only reads its share once (``lfs hsm_restore``) so the first epoch does not wait on S3.
 - a directory on the nodes that holds ``manifest.json``: used as it is.
 - anything else on the nodes (ImageNet as downloaded): converted on every node against shared storage
-  (launcher.dataprep: ``--node-index I --node-count N``, then ``--merge``).
+  (launcher.dataprep: ``--node-index I --node-count N``, then ``--merge``) into ``shards_dir``; the merged
+  ``manifest.json`` is written last, so its presence there means a finished conversion and a later run uses it.
+
+For a directory the shell first runs ``probe_script(probe_paths(...))`` on the first node and hands what it
+printed (``parse_probe``) to ``decide``: facts in, plan out.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Literal
 
 from launcher.errors import LaunchError
 
-__all__ = ["Staging", "decide", "s3_copy_scripts", "shard_share"]
+__all__ = ["Staging", "decide", "no_s3_manifest", "parse_probe", "probe_paths", "probe_script", "s3_copy_scripts",
+           "shard_share", "shards_dir"]
+
+Found = Literal["manifest", "dir", "missing"]
 
 
 @dataclass(frozen=True)
 class Staging:
     kind: Literal["s3-copy", "fsx-import", "ready", "convert"]
-    source: str                 # as the user gave it
+    source: str                 # as the user gave it (convert: the ImageNet directory the nodes read)
     dest: str                   # shards directory as the nodes see it
 
 
-def decide(data: str, *, storage: dict, data_bucket: str | None, shared_root: str) -> Staging:
-    """What to do with ``--data`` on a cluster with this storage (the StorageMount output)."""
+def _shared(storage: dict) -> bool:
+    return storage.get("type", "none") != "none" and bool(storage.get("mount_point"))
+
+
+def shards_dir(source: str, shared_root: str) -> str:
+    """Where the shards of ImageNet at ``source`` go: named after it, plus a hash so two sources never collide."""
+    path = source.rstrip("/") or "/"
+    name = PurePosixPath(path).name or "root"
+    return f"{shared_root}/data/shards-{name}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+
+
+def probe_paths(data: str, *, shared_root: str) -> list[str]:
+    """The directories whose state decides a directory ``--data``: itself, and where its shards would go."""
+    return [data.rstrip("/") or "/", shards_dir(data, shared_root)]
+
+
+def probe_script(paths: list[str]) -> str:
+    """Shell that prints ``manifest PATH``, ``dir PATH`` or ``missing PATH`` for each path."""
+    return "; ".join(f"if [ -f {shlex.quote(p + '/manifest.json')} ]; then echo manifest {shlex.quote(p)}; "
+                     f"elif [ -d {shlex.quote(p)} ]; then echo dir {shlex.quote(p)}; "
+                     f"else echo missing {shlex.quote(p)}; fi" for p in paths)
+
+
+def parse_probe(text: str) -> dict[str, Found]:
+    found: dict[str, Found] = {}
+    for line in text.splitlines():
+        state, _, path = line.strip().partition(" ")
+        if state in ("manifest", "dir", "missing") and path:
+            found[path] = state  # type: ignore[assignment]
+    return found
+
+
+def decide(data: str, *, storage: dict, data_bucket: str | None, shared_root: str,
+           found: Mapping[str, Found] | None = None, node: str = "the first node") -> Staging:
+    """What to do with ``--data`` on a cluster with this storage (the StorageMount output).
+
+    ``found``: for a directory, what ``probe_script(probe_paths(...))`` printed on ``node``, parsed.
+    """
     if data.startswith("s3://"):
         bucket, _, prefix = data[5:].partition("/")
         prefix = prefix.strip("/")
@@ -39,7 +85,29 @@ def decide(data: str, *, storage: dict, data_bucket: str | None, shared_root: st
         if storage.get("type") == "fsx" and storage.get("data_repository", "").rstrip("/") == f"s3://{bucket}":
             return Staging("fsx-import", data, f"{storage['mount_point']}/{prefix}".rstrip("/"))
         return Staging("s3-copy", data, f"{shared_root}/data/{bucket}/{prefix}".rstrip("/"))
-    return Staging("ready", data, data)
+    if not data.startswith("/"):
+        raise LaunchError(f"--data {data}: give an absolute path as the nodes see it, or s3://BUCKET/PREFIX")
+    src, dest = probe_paths(data, shared_root=shared_root)
+    state = (found or {}).get(src, "missing")
+    if state == "manifest":
+        return Staging("ready", src, src)
+    if state == "missing":
+        raise LaunchError(f"--data {data}: no such directory on {node}; give shards (with manifest.json) or "
+                          f"ImageNet as the nodes see it, or s3://BUCKET/PREFIX")
+    if not _shared(storage):
+        raise LaunchError(f"--data {data} has no manifest.json and this stack has no shared storage to convert it "
+                          f"on; convert it with `launch data convert` and upload the shards to S3 (--data "
+                          f"s3://BUCKET/PREFIX), or deploy with -c storage=fsx or beegfs")
+    if (found or {}).get(dest) == "manifest":  # converted by an earlier run
+        return Staging("ready", src, dest)
+    return Staging("convert", src, dest)
+
+
+def no_s3_manifest(source: str, node: str) -> str:
+    """The one-line error for an S3 prefix without manifest.json."""
+    return (f"no manifest.json under {source} (read from {node}); either put shards there (`launch data convert`, "
+            f"then upload the shards and manifest.json), or link the bucket to FSx (deploy with -c storage=fsx "
+            f"-c data_bucket=BUCKET) and pass ImageNet's path under the mount as --data to convert it there")
 
 
 def shard_share(shards: list[str], index: int, count: int) -> list[str]:
@@ -47,12 +115,14 @@ def shard_share(shards: list[str], index: int, count: int) -> list[str]:
     return sorted(shards)[index::count]
 
 
-def s3_copy_scripts(staging: Staging, shards: list[str], nodes: list[str], *, shared: bool) -> dict[str, str]:
+def s3_copy_scripts(staging: Staging, shards: list[str], nodes: list[str], *, shared: bool,
+                    aws_cli: str = "aws") -> dict[str, str]:
     """Per node, the script that puts its share of the shards (all of them without shared storage) in place.
 
     ``shards`` are file names from the manifest. The first node also copies ``manifest.json``. Copies are
     ``aws s3 cp`` per file with ``--only-show-errors``; an interrupted staging is rerun as a whole (S3 copies
-    are idempotent).
+    are idempotent). ``aws_cli``: the command line that starts the AWS CLI on the nodes (tests point it at a
+    local S3 endpoint).
     """
     q = shlex.quote
     src = staging.source.rstrip("/")
@@ -64,6 +134,7 @@ def s3_copy_scripts(staging: Staging, shards: list[str], nodes: list[str], *, sh
         else:
             mine = share + (["manifest.json"] if i == 0 or not shared else [])
             body = [f"install -d {q(staging.dest)}"] + [
-                f"aws s3 cp --only-show-errors {q(src + '/' + name)} {q(staging.dest + '/' + name)}" for name in mine]
+                f"{aws_cli} s3 cp --only-show-errors {q(src + '/' + name)} {q(staging.dest + '/' + name)}"
+                for name in mine]
         scripts[node] = "\n".join(["set -eu", *body]) + "\n"
     return scripts

@@ -13,7 +13,7 @@ from golden import assert_golden
 from ami.render import ami_tags, load_versions, software_versions
 from infra import catalog
 from infra.layout import beegfs_layout
-from launcher import access, discover, efa, lifecycle, plan, readiness, staging, storage
+from launcher import access, dataprep, discover, efa, lifecycle, plan, readiness, staging, storage
 from launcher.errors import LaunchError
 
 DATA = Path(__file__).parent / "data"
@@ -188,6 +188,16 @@ def test_host_keys_come_from_the_recorded_console_and_nothing_is_pinned_blindly(
         access.known_hosts_aws([(["i-0def"], [])])
 
 
+def test_node_ssh_config_names_a_port_only_off_22_and_known_hosts_follow_openssh():
+    nodes = [("node0", "127.0.0.1"), ("node1", "127.0.0.1")]
+    cfg = access.node_ssh_config("c1", nodes, user="me", identity_file="/n/id_ed25519", known_hosts="/n/known_hosts",
+                                 ports={"node0": 22, "node1": 2202})
+    assert "Host node1\n    HostName 127.0.0.1\n    Port 2202\n" in cfg
+    assert "Host node0\n    HostName 127.0.0.1\nHost node1" in cfg  # the shared block's Port 22
+    assert [access.known_host_name("10.0.0.9"), access.known_host_name("127.0.0.1", 2202)] == [
+        "10.0.0.9", "[127.0.0.1]:2202"]
+
+
 def test_authorize_key_script_refuses_anything_but_one_public_key():
     script = access.authorize_key_script("ubuntu", "ssh-ed25519 " + "A" * 68 + " me@laptop\n")
     assert "authorized_keys" in script and "grep -qxF" in script
@@ -211,7 +221,64 @@ def test_staging_splits_shards_across_nodes_and_follows_fsx_import():
     assert (fsx.kind, fsx.dest) == ("fsx-import", "/fsx/v1")
     with pytest.raises(LaunchError, match="may only read s3://imagenet-shards"):
         staging.decide("s3://other/x", storage={}, data_bucket="imagenet-shards", shared_root="/r")
-    assert staging.decide("/fsx/shards", storage={}, data_bucket=None, shared_root="/r").kind == "ready"
+    assert staging.decide("/fsx/shards", storage={}, data_bucket=None, shared_root="/r",
+                          found={"/fsx/shards": "manifest"}).kind == "ready"
+
+
+FSX = {"type": "fsx", "mount_point": "/fsx", "data_repository": "s3://imagenet-raw"}
+
+
+def decide_path(data: str, storage: dict, found: dict) -> staging.Staging:
+    return staging.decide(data, storage=storage, data_bucket="imagenet-raw", shared_root="/fsx/scaletrain",
+                          found=found, node="node0")
+
+
+def test_raw_imagenet_on_shared_storage_is_converted_once_into_a_shards_directory_named_after_it():
+    raw = "/fsx/ILSVRC2012/"  # e.g. s3://imagenet-raw/ILSVRC2012 imported by FSx, as the nodes see it
+    paths = staging.probe_paths(raw, shared_root="/fsx/scaletrain")
+    script = staging.probe_script(paths)
+    cases = {"shards given": {paths[0]: "manifest"}, "imagenet, first run": {paths[0]: "dir", paths[1]: "missing"},
+             "imagenet, interrupted run": {paths[0]: "dir", paths[1]: "dir"},
+             "imagenet, converted before": {paths[0]: "dir", paths[1]: "manifest"}}
+    lines = [f"probe: {script}"] + [f"{name}: {decide_path(raw, FSX, found)}" for name, found in cases.items()]
+    # What awsrun.stage_data then runs: every node converts its share, node0 merges.
+    c = cluster("p5.48xlarge", storage_kind="fsx")
+    spec = dataprep.ConvertSpec(src=paths[0], out=paths[1])
+    lines += [f"{node.name}: {cmd}" for node, cmd in dataprep.plan_convert(c, spec)]
+    lines += [f"node0: {dataprep.merge_command(c, spec, len(c.nodes))}"]
+    assert_golden("staging-convert-fsx.txt", "\n".join(lines) + "\n")
+    assert paths == ["/fsx/ILSVRC2012", "/fsx/scaletrain/data/shards-ILSVRC2012-" + paths[1][-8:]]
+    assert [decide_path(raw, FSX, f).kind for f in cases.values()] == ["ready", "convert", "convert", "ready"]
+    assert decide_path(raw, FSX, cases["imagenet, converted before"]).dest == paths[1]
+    # Two sources with the same name never share a shards directory.
+    assert staging.shards_dir("/fsx/a/train", "/r") != staging.shards_dir("/fsx/b/train", "/r")
+
+
+def test_the_probe_script_reports_each_directory_as_the_shell_finds_it(tmp_path):
+    import subprocess
+
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "manifest.json").write_text("{}")
+    (tmp_path / "raw dir").mkdir()
+    paths = [str(tmp_path / "shards"), str(tmp_path / "raw dir"), str(tmp_path / "nowhere")]
+    out = subprocess.run(["bash", "-c", staging.probe_script(paths)], capture_output=True, text=True, check=True)
+    assert staging.parse_probe(out.stdout) == dict(zip(paths, ["manifest", "dir", "missing"], strict=True))
+
+
+def test_conversion_needs_shared_storage_and_bad_data_is_one_line():
+    found = {"/data/imagenet": "dir"}
+    with pytest.raises(LaunchError) as e:
+        decide_path("/data/imagenet", {"type": "none"}, found)
+    assert "launch data convert" in str(e.value) and "s3://" in str(e.value) and "storage=fsx" in str(e.value)
+    assert "\n" not in str(e.value)
+    # Shards need no shared storage: every node reads the same path.
+    assert decide_path("/data/shards", {"type": "none"}, {"/data/shards": "manifest"}).kind == "ready"
+    with pytest.raises(LaunchError, match="no such directory on node0"):
+        decide_path("/fsx/nowhere", FSX, {"/fsx/nowhere": "missing"})
+    with pytest.raises(LaunchError, match="absolute path"):
+        decide_path("imagenet", FSX, {})
+    message = staging.no_s3_manifest("s3://imagenet-raw/ILSVRC2012", "node0")
+    assert "manifest.json" in message and "data_bucket" in message and "\n" not in message
 
 
 def test_readiness_stages_in_order():

@@ -553,8 +553,9 @@ def convert(
     write_json_atomic(out / manifest_name, manifest)
     for shard in mine:
         journal_path(out, shard.name).unlink(missing_ok=True)
-    with contextlib.suppress(OSError):  # other nodes may still be writing theirs
-        (out / JOURNAL).rmdir()
+    if node_count == 1:  # with several nodes another may still write into it: the merge removes it
+        with contextlib.suppress(OSError):
+            (out / JOURNAL).rmdir()
     return manifest
 
 
@@ -630,6 +631,8 @@ def merge_manifests(out: Path, node_count: int) -> dict:
         first["plan_sha256"],
     )
     write_json_atomic(out / MANIFEST, manifest)
+    with contextlib.suppress(OSError):  # every node has finished; only an empty journal goes
+        (out / JOURNAL).rmdir()
     return manifest
 
 
