@@ -212,9 +212,13 @@ def test_staging_splits_shards_across_nodes_and_follows_fsx_import():
     assert (s3.kind, s3.dest) == ("s3-copy", "/beegfs/scaletrain/data/imagenet-shards/v1")
     scripts = staging.s3_copy_scripts(s3, shards, ["node0", "node1"], shared=True)
     assert_golden("staging-s3-2-nodes.txt", "".join(f"### {k}\n{v}" for k, v in scripts.items()))
-    assert scripts["node0"].count("aws s3 cp") == 4 and scripts["node1"].count("aws s3 cp") == 2
+    # One CLI process per node, filtered to its share (and the manifest on node0).
+    assert [scripts[n].count("aws s3 cp") for n in ("node0", "node1")] == [1, 1]
+    assert scripts["node0"].count("--include") == 4 and scripts["node1"].count("--include") == 2
     alone = staging.s3_copy_scripts(s3, shards, ["node0", "node1"], shared=False)
-    assert alone["node1"].count("aws s3 cp") == 6
+    assert alone["node1"].count("--include") == 6
+    # More nodes than shards: a node with nothing to copy runs no copy at all.
+    assert "s3 cp" not in staging.s3_copy_scripts(s3, shards[:1], ["node0", "node1", "node2"], shared=True)["node2"]
     fsx = staging.decide("s3://imagenet-shards/v1", storage={"type": "fsx", "mount_point": "/fsx",
                                                               "data_repository": "s3://imagenet-shards"},
                          data_bucket="imagenet-shards", shared_root="/fsx/scaletrain")

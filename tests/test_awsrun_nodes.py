@@ -208,8 +208,9 @@ def test_shards_in_s3_are_copied_by_every_node_with_the_aws_cli(env, s3):
     assert {f.name: f.read_bytes() for f in Path(dest).iterdir()} == source
     # Shared storage: node i copied shards i, i+2, ...; node0 also the manifest.
     copies = [line.split() for line in log.read_text().splitlines()
-              if line.split()[1:3] == ["s3", "cp"] and line.split()[-1] != "-"]  # not the manifest read
-    by_node = {n: sorted(Path(words[-1]).name for words in copies if words[0] == n) for n in ("node0", "node1")}
+              if line.split()[1:4] == ["s3", "cp", "--recursive"]]  # not the manifest read
+    assert sorted(words[0] for words in copies) == ["node0", "node1"]  # one CLI process per node
+    by_node = {words[0]: sorted(words[i + 1] for i, w in enumerate(words) if w == "--include") for words in copies}
     shards = sorted(s["name"] for s in json.loads(source["manifest.json"])["shards"])
     assert by_node["node0"] == sorted(["manifest.json", *shards[0::2]])
     assert by_node["node1"] == sorted(shards[1::2])
