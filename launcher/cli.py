@@ -406,7 +406,15 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                                                                   "also on failure or Ctrl-C."),
           region: str = RegionOpt, profile: str = ProfileOpt, bastion: str = BastionOpt,
           ready_timeout: float = typer.Option(1800, "--ready-timeout", help="AWS: seconds to wait for every node "
-                                                                           "to be ready.")):
+                                                                           "to be ready."),
+          probe_interval: float = typer.Option(15, "--probe-interval", metavar="SECONDS",
+                                               help="While training, probe every node over SSH this often."),
+          probe_misses: int = typer.Option(4, "--probe-misses", metavar="N",
+                                           help="Stop the job when a node misses this many probes in a row "
+                                                "(hung, not dead: mpirun would wait for it for ever)."),
+          stall_timeout: float = typer.Option(1800, "--stall-timeout", metavar="SECONDS",
+                                              help="Stop the job when it prints nothing for this long (a rank stuck "
+                                                   "in a collective); 0: never.")):
     """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
     from training.model import check_model
 
@@ -428,6 +436,16 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
             raise LaunchError(f"{name} must be >= 1, got {value}")
     if resume and output is None:
         raise LaunchError("--resume needs --output: the run directory holding the checkpoints")
+    if not probe_interval > 0:
+        raise LaunchError(f"--probe-interval must be a number of seconds > 0, got {probe_interval:g}")
+    if probe_misses < 1:
+        raise LaunchError(f"--probe-misses must be >= 1, got {probe_misses}")
+    if not stall_timeout >= 0:
+        raise LaunchError(f"--stall-timeout must be a number of seconds >= 0 (0: no silence check), "
+                          f"got {stall_timeout:g}")
+    from launcher import watchdog
+
+    watch = watchdog.Watch(interval_s=probe_interval, misses=probe_misses, stall_s=stall_timeout)
     stamp = time.strftime("%Y%m%d-%H%M%S")
 
     def body(c: clusters.Cluster, out: str, data_path: str) -> None:
@@ -439,7 +457,9 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                               batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
                               resume=resume, engine=engine, reducers=reducers,
                               extra_args=tuple(trainer_args or ()))
-        result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers])
+        result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers], watch=watch)
+        if result.stopped:  # the watchdog's reason: a hung node would only stall a probe of who answers
+            raise LaunchError(f"training failed: {result.stopped} (output above); run directory {out}")
         if result.exit_code != 0:
             from launcher import faults
 

@@ -7,11 +7,13 @@ loads the cluster's known_hosts and rejects any key not in it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import shlex
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from fabric import Config, Connection, ThreadingGroup
 from fabric.exceptions import GroupException
@@ -19,6 +21,10 @@ from paramiko import RejectPolicy
 
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
+
+# paramiko's transport thread logs a failed connection with its traceback (through logging's last-resort
+# stderr handler); the caller gets the same failure as an exception and says it in one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def _pin(conn: Connection, cluster: Cluster) -> Connection:
@@ -28,14 +34,18 @@ def _pin(conn: Connection, cluster: Cluster) -> Connection:
     return conn
 
 
-def _config(cluster: Cluster) -> Config:
+def _config(cluster: Cluster, timeout_s: float | None = None) -> Config:
+    bounded = {} if timeout_s is None else {"banner_timeout": timeout_s, "auth_timeout": timeout_s,
+                                            "channel_timeout": timeout_s}
     return Config(runtime_ssh_path=cluster.ssh_config,
-                  overrides={"connect_kwargs": {"look_for_keys": False, "allow_agent": False},
+                  overrides={"connect_kwargs": {"look_for_keys": False, "allow_agent": False, **bounded},
                              "timeouts": {"connect": 15}, "load_ssh_configs": True})
 
 
-def connect(cluster: Cluster, node: Node) -> Connection:
-    return _pin(Connection(node.name, config=_config(cluster)), cluster)
+def connect(cluster: Cluster, node: Node, *, timeout_s: float | None = None) -> Connection:
+    """`timeout_s` bounds each step of reaching the node (TCP, SSH banner, auth, opening a channel): a frozen
+    sshd accepts TCP but never sends its banner, and paramiko would wait on it for minutes."""
+    return _pin(Connection(node.name, config=_config(cluster, timeout_s), connect_timeout=timeout_s), cluster)
 
 
 def in_workdir(node: Node, command: str) -> str:
@@ -90,33 +100,38 @@ def _describe(exc: Exception) -> str:
 class PrefixWriter:
     """A text stream that prefixes each complete line with `[node] ` (for fabric's out_stream)."""
 
-    def __init__(self, prefix: str, target=None):
+    def __init__(self, prefix: str, target=None, on_line: Callable[[str], None] | None = None):
         self.prefix, self.target, self.buf, self.lock = prefix, target or sys.stdout, "", threading.Lock()
         self.lines: list[str] = []
+        self.on_line = on_line  # told of each line as it comes (the watchdog's sign of life)
+
+    def _emit(self, line: str) -> None:
+        self.lines.append(line)
+        self.target.write(f"[{self.prefix}] {line}\n")
+        if self.on_line:
+            self.on_line(line)
 
     def write(self, text: str) -> int:
         with self.lock:
             self.buf += text.replace("\r", "")  # a pty ends lines with \r\n, possibly split across writes
             while "\n" in self.buf:
                 line, self.buf = self.buf.split("\n", 1)
-                self.lines.append(line)
-                self.target.write(f"[{self.prefix}] {line}\n")
+                self._emit(line)
             self.target.flush()
         return len(text)
 
     def flush(self) -> None:
         with self.lock:
             if self.buf:
-                self.lines.append(self.buf)
-                self.target.write(f"[{self.prefix}] {self.buf}\n")
+                self._emit(self.buf)
                 self.buf = ""
             self.target.flush()
 
 
 @contextlib.contextmanager
-def _session(cluster: Cluster, node: Node) -> Iterator[Connection]:
+def _session(cluster: Cluster, node: Node, timeout_s: float | None = None) -> Iterator[Connection]:
     """A pinned connection to one node; failing to reach or run there is a one-line LaunchError."""
-    conn = connect(cluster, node)
+    conn = connect(cluster, node, timeout_s=timeout_s)
     try:
         yield conn
     except Exception as e:  # connection refused, auth failure, host key rejected
@@ -125,27 +140,60 @@ def _session(cluster: Cluster, node: Node) -> Iterator[Connection]:
         conn.close()
 
 
-def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True) -> tuple[int, list[str]]:
+class Hangup:
+    """Lets another thread end a `stream` early: its connection is closed, so the run returns at once (with
+    exit -1) even when the node no longer answers; a node that does answer sends the pty's SIGHUP."""
+
+    def __init__(self) -> None:
+        self.lock, self.conn, self.done = threading.Lock(), None, False
+
+    def __call__(self) -> None:
+        with self.lock:
+            self.done = True
+            if self.conn is not None:
+                self.conn.close()
+
+    def _attach(self, conn: Connection | None) -> bool:
+        """Whether the stream may run on `conn` (None: it ended); False once hung up."""
+        with self.lock:
+            self.conn = conn
+            return not self.done
+
+
+def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True,
+           on_line: Callable[[str], None] | None = None, hangup: Hangup | None = None) -> tuple[int, list[str]]:
     """Run `command` on one node, printing its output prefixed by the node as it comes.
 
     A pty (the default) ties the remote process to the session: if the launcher dies or is interrupted,
     the remote side gets SIGHUP and mpirun takes its ranks down with it. Without one, remote progress
-    bars stay off and only their result lines come back.
+    bars stay off and only their result lines come back. `on_line` is told of each line; `hangup`, when
+    called from another thread, abandons the run.
     """
-    writer = PrefixWriter(node.name)
+    writer = PrefixWriter(node.name, on_line=on_line)
+    hangup = hangup or Hangup()
     try:
         with _session(cluster, node) as conn:
+            if not hangup._attach(conn):
+                return -1, []
             res = conn.run(in_workdir(node, command), pty=pty, warn=True, hide=False, out_stream=writer,
                            in_stream=False)
+    except LaunchError:
+        if not hangup.done:
+            raise
+        return -1, writer.lines  # the connection closed under a run being abandoned
     finally:
+        hangup._attach(None)
         writer.flush()
     return res.exited, writer.lines
 
 
-def check(cluster: Cluster, node: Node, command: str) -> tuple[int, str]:
-    """Run a short command on one node and return (exit code, stdout) without printing."""
-    with _session(cluster, node) as conn:
-        res = conn.run(in_workdir(node, command), hide=True, warn=True, in_stream=False)
+def check(cluster: Cluster, node: Node, command: str, *, timeout_s: float | None = None) -> tuple[int, str]:
+    """Run a short command on one node and return (exit code, stdout) without printing.
+
+    `timeout_s` bounds each step (reaching the node, then the command): past it, a one-line LaunchError.
+    """
+    with _session(cluster, node, timeout_s) as conn:
+        res = conn.run(in_workdir(node, command), hide=True, warn=True, in_stream=False, timeout=timeout_s)
     return res.exited, res.stdout
 
 
@@ -156,3 +204,17 @@ def put_text(cluster: Cluster, node: Node, text: str, path: str, mode: int = 0o6
     with _session(cluster, node) as conn:
         conn.put(io.BytesIO(text.encode()), remote=path)
         conn.sftp().chmod(path, mode)
+
+
+def get_files(cluster: Cluster, node: Node, pairs: list[tuple[str, Path]]) -> None:
+    """Copy remote files to local paths over one SFTP session; each lands under a temporary name first and is
+    renamed into place, so an interrupted copy never leaves a truncated file under the real name."""
+    import os
+
+    with _session(cluster, node) as conn:
+        sftp = conn.sftp()
+        for remote_path, local_path in pairs:
+            local_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = local_path.with_name(f".{local_path.name}.part")
+            sftp.get(remote_path, str(tmp))
+            os.replace(tmp, local_path)

@@ -6,13 +6,19 @@ local cluster and an AWS one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import queue
 import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import efa, plan, remote
+from launcher import efa, plan, remote, watchdog
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
 
@@ -34,6 +40,7 @@ class RunResult:
     train_images: int           # training samples in the shards' manifest
     summary: dict | None
     lines: list[str] = field(default_factory=list)  # what mpirun printed, for faults.diagnose
+    stopped: str | None = None  # why the watchdog stopped the job, when it did
 
 
 def _on_first(cluster: Cluster, node: Node, command: str, what: str) -> str:
@@ -61,9 +68,119 @@ def prepare_sample_data(cluster: Cluster, node: Node, output: str, ranks: int) -
     return shards
 
 
+# After SIGTERM, mpirun's time to take its ranks down before what is left of its process tree gets SIGKILL
+# (with a node hung, mpirun may wait for that node's daemon for ever).
+KILL_GRACE_S = 10.0
+
+
+def stop_job_script(pidfile: str) -> str:
+    """Shell that ends the mpirun whose pid is in `pidfile`: SIGTERM, then after KILL_GRACE_S, SIGKILL to it and
+    every process it started on this node (local ranks, its ssh sessions to the other nodes)."""
+    ticks = int(KILL_GRACE_S / 0.2)
+    return (f"p=$(cat {shlex.quote(pidfile)} 2>/dev/null) && kill -0 \"$p\" 2>/dev/null || exit 0; "
+            'tree() { for c in $(pgrep -P "$1"); do echo "$c"; tree "$c"; done; }; '
+            'all="$p $(tree "$p")"; kill -TERM "$p"; '
+            f'i=0; while kill -0 "$p" 2>/dev/null && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done; '
+            "kill -KILL $all 2>/dev/null; exit 0")
+
+
+class Watchdog:
+    """Probes every node of a running job and stops the job when watchdog.verdict says so.
+
+    Each probe runs `true` in a daemon thread under remote's bounded timeouts; no reply within
+    policy.answer_s is a miss, and a node whose last probe is still out is not probed again until it ends.
+    Stopping: SIGTERM then SIGKILL to mpirun over a separate connection, then the stream is abandoned if it
+    has not ended (the first node may be the hung one).
+    """
+
+    def __init__(self, cluster: Cluster, first: Node, nodes: list[Node], policy: watchdog.Watch, pidfile: str,
+                 clock: Callable[[], float] = time.monotonic):
+        self.cluster, self.first, self.nodes, self.policy, self.pidfile = cluster, first, nodes, policy, pidfile
+        self.clock = clock
+        self.reason: str | None = None
+        self.hangup = remote.Hangup()
+        self.last_output_at = clock()
+        self._done = threading.Event()
+        self._answers: queue.Queue[tuple[str, float, bool]] = queue.Queue()
+        self._probes: dict[str, threading.Thread] = {}
+        self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+
+    def heard(self, line: str) -> None:
+        self.last_output_at = self.clock()
+
+    def __enter__(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        for t in self._probes.values():  # each ends within remote's timeouts; not left running behind us
+            t.join(4 * self.policy.answer_s)
+
+    def _watch(self) -> None:
+        history: list[watchdog.Probe] = []
+        next_at = self.clock() + self.policy.interval_s
+        while not self._done.wait(max(next_at - self.clock(), 0.0)):
+            sent = self.clock()
+            next_at = sent + self.policy.interval_s
+            answers = self._round(sent)
+            if answers is None:
+                return
+            # Only the last `misses` rounds can decide anything: a long run does not grow the history.
+            history = [*history, *(watchdog.Probe(n, sent, ok) for n, ok in answers.items())][
+                -self.policy.misses * len(self.nodes):]
+            why = watchdog.verdict(history, self.last_output_at, self.clock(), self.policy)
+            if why:
+                self._stop(why)
+                return
+
+    def _round(self, sent: float) -> dict[str, bool] | None:
+        """Each node: did it answer within policy.answer_s. None when the job ended meanwhile."""
+        asked = []
+        for node in self.nodes:
+            t = self._probes.get(node.name)
+            if t is None or not t.is_alive():
+                t = threading.Thread(target=self._probe, args=(node, sent), name=f"probe {node.name}", daemon=True)
+                self._probes[node.name] = t
+                t.start()
+                asked.append(node.name)
+        answered: dict[str, bool] = {}
+        deadline = sent + self.policy.answer_s
+        while len(answered) < len(asked) and self.clock() < deadline:
+            if self._done.is_set():
+                return None
+            try:
+                name, at, ok = self._answers.get(timeout=min(max(deadline - self.clock(), 0.0), 0.5))
+            except queue.Empty:
+                continue
+            if at == sent:  # a late reply to an earlier round says nothing about now
+                answered[name] = ok
+        return {n.name: answered.get(n.name, False) for n in self.nodes}
+
+    def _probe(self, node: Node, sent: float) -> None:
+        try:
+            ok = remote.check(self.cluster, node, "true", timeout_s=self.policy.answer_s)[0] == 0
+        except Exception:  # refused, timed out, frozen: a miss either way
+            ok = False
+        self._answers.put((node.name, sent, ok))
+
+    def _stop(self, why: str) -> None:
+        self.reason = why
+        sys.stdout.write(f"[watchdog] {why}; stopping the job\n")
+        sys.stdout.flush()
+        # When the first node is the one that does not answer, there is nothing to stop mpirun with there.
+        with contextlib.suppress(LaunchError):
+            remote.check(self.cluster, self.first, stop_job_script(self.pidfile),
+                         timeout_s=self.policy.answer_s + KILL_GRACE_S)
+        if not self._done.wait(KILL_GRACE_S):  # mpirun gone, the stream should end by itself
+            self.hangup()
+
+
 def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_data: bool,
-          reducers: list[Node] | None = None) -> RunResult:
-    """`reducers`: reducer nodes for the reducer tier (spec.engine 'reducer'); one MPMD mpirun starts both."""
+          reducers: list[Node] | None = None, watch: watchdog.Watch | None = None) -> RunResult:
+    """`reducers`: reducer nodes for the reducer tier (spec.engine 'reducer'); one MPMD mpirun starts both.
+    `watch`: when to give up on a node that stops answering or a job that stops printing (see Watchdog)."""
     first = nodes[0]
     out = shlex.quote(spec.output)
     _on_first(cluster, first, f"mkdir -p {out}", "creating the output directory")
@@ -85,7 +202,12 @@ def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_dat
     tier = f", {len(reducers)} reducer node(s)" if reducers else ""
     print(f"[launch] {len(nodes)} node(s), {sum(n.slots for n in nodes)} rank(s){tier}: {plan.command_line(argv)}",
           flush=True)
-    code, lines = remote.stream(cluster, first, plan.command_line(argv))
+    pidfile = f"{spec.output}/mpirun.pid"  # the shell execs mpirun: its pid is mpirun's, for the watchdog to stop
+    with Watchdog(cluster, first, [*nodes, *(reducers or [])], watch or watchdog.Watch(), pidfile) as dog:
+        code, lines = remote.stream(cluster, first, f"echo $$ > {shlex.quote(pidfile)} && exec "
+                                    f"{plan.command_line(argv)}", on_line=dog.heard, hangup=dog.hangup)
+    if dog.reason:  # the first node may be the one that hung: ask it nothing more
+        return RunResult(code or 1, spec.output, train_images, None, lines, stopped=dog.reason)
 
     rc, text = remote.check(cluster, first, f"cat {out}/summary.json 2>/dev/null")
     summary = json.loads(text) if rc == 0 and text.strip() else None

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from clusterutil import ROOT, alive, assert_one_line_error, cluster_state, launch, tiny_shards
+from clusterutil import ROOT, alive, assert_one_line_error, cluster_state, kill_node, launch, tiny_shards
 
 pytestmark = pytest.mark.cluster
 
@@ -102,22 +99,6 @@ def test_ddp_engine_over_the_same_cluster(env):
     assert all(torch.equal(p0[k], p1[k]) for k in p0)
 
 
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo += children.get(p, [])
-    return found
-
-
 def test_a_node_lost_mid_run_stops_the_job_and_is_named(env, tmp_path):
     root, _ = env
     home, run = tmp_path / "home", tmp_path / "run"
@@ -132,12 +113,7 @@ def test_a_node_lost_mid_run_stops_the_job_and_is_named(env, tmp_path):
             time.sleep(0.2)
         # node1 dies: its sshd and everything under it (mpirun's daemon, the rank) at once, like a reclaimed
         # spot instance.
-        sshd = cluster_state(home)["processes"]["node1"]
-        victims = [*descendants(sshd), sshd]
-        assert len(victims) > 1, "nothing runs on node1"
-        for pid in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        assert len(kill_node(home, "node1")) > 1, "nothing runs on node1"
         out, err = proc.communicate(timeout=180)
     finally:
         proc.kill()
