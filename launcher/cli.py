@@ -458,6 +458,8 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                               resume=resume, engine=engine, reducers=reducers,
                               extra_args=tuple(trainer_args or ()))
         result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers], watch=watch)
+        if c.backend == "aws":  # the run directory is on the cluster's storage, which --teardown deletes
+            _fetch_record(c, chosen[0], out, newest_checkpoint=teardown)
         if result.stopped:  # the watchdog's reason: a hung node would only stall a probe of who answers
             raise LaunchError(f"training failed: {result.stopped} (output above); run directory {out}")
         if result.exit_code != 0:
@@ -496,6 +498,23 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
 
     awsrun.with_teardown(sess, stack, teardown, on_aws)
 
+
+
+def _fetch_record(c: clusters.Cluster, first: clusters.Node, out: str, *, newest_checkpoint: bool) -> None:
+    """Bring the run's record (and, before a teardown, its newest checkpoint) to this machine; a failure here is a
+    warning, never the run's verdict."""
+    from launcher import results
+
+    dest = results.local_copy(clusters.state_root(), c.name, out)
+    try:
+        got = results.fetch(c, first, out, dest, newest_checkpoint=newest_checkpoint, timeout_s=60)
+    except LaunchError as e:
+        console.print(f"warning: could not fetch the run's record from {first.name}: {e}", markup=False,
+                      highlight=False)
+        return
+    size = sum(f.size for f in got)
+    console.print(f"fetched {len(got)} file(s), {size / 2**20:,.1f} MiB, from {first.name}:{out} to {dest}",
+                  markup=False, highlight=False)
 
 
 def _target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:

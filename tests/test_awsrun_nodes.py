@@ -131,6 +131,17 @@ def test_raw_imagenet_is_converted_on_every_node_once_and_trains(env, installed,
     assert result.train_images == 96 and f"ssh -F {c.mpi_ssh_config}" in capsys.readouterr().out
     assert result.summary and result.summary["ranks"] == 2
 
+    # Before a teardown deletes the cluster's storage, the run's record and newest checkpoint come back here.
+    from launcher import cli
+
+    cli._fetch_record(c, c.workers[0], spec.output, newest_checkpoint=True)
+    fetched = home / "runs" / c.name / "r1"
+    assert f"to {fetched}" in capsys.readouterr().out
+    assert json.loads((fetched / "summary.json").read_text()) == result.summary
+    newest = "checkpoint-epoch000.pt"
+    assert (fetched / newest).read_bytes() == (Path(spec.output) / newest).read_bytes()
+    assert json.loads((fetched / "checkpoints.json").read_text())["checkpoints"][0]["epoch"] == 0
+
 
 def test_shards_in_place_are_used_as_they_are(env):
     root, _, c = env
