@@ -388,7 +388,9 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                                                              "--help)."),
           cluster: str = ClusterOpt,
           nodes: int = typer.Option(None, "--nodes", help="Worker nodes to use; default all."),
-          data: str = typer.Option(None, "--data", help="Shards directory (as the nodes see it); "
+          data: str = typer.Option(None, "--data", help="Shards directory (as the nodes see it); on AWS also "
+                                                       "s3://BUCKET/PREFIX of shards, or ImageNet as downloaded "
+                                                       "(converted on the nodes once, with fsx/beegfs storage); "
                                                        "default: make sample data and convert it."),
           model: str = typer.Option("resnet50", "--model", help="resnet18, resnet34, resnet50 or resnet101."),
           image_size: int = typer.Option(224, "--image-size", help="Training crop size in px."),
