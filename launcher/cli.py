@@ -208,6 +208,8 @@ def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, prof
         c = clusters.load(c.name)
     now = dt.datetime.now(dt.timezone.utc)
     rows = aws.status(sess, c, now)
+    newcomers = lifecycle.undiscovered({n.instance_id for n in c.nodes if n.instance_id},
+                                       [(i.instance_id, i.role, i.state) for i in aws.cluster_instances(sess, c.name)])
     table = Table(title=f"cluster '{c.name}' (aws, {c.aws.region}, {c.instance_type})")
     for col in ("node", "role", "instance", "address", "state", "uptime", "cost so far (USD)"):
         # Ids and addresses are what people copy: folded onto a second line in a narrow terminal, never cut.
@@ -222,6 +224,8 @@ def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, prof
                                          f"{c.aws.ttl_expires_at})" if left > 0 else
                                          f"expired at {c.aws.ttl_expires_at}: deletion under way")
     console.print(f"cost so far: ${lifecycle.cost_so_far(rows):,.2f} (on-demand prices); TTL: {ttl}")
+    if newcomers:
+        console.print(newcomers, markup=False, highlight=False)
     if any(r.state != "running" for r in rows):
         raise typer.Exit(1)
 

@@ -69,3 +69,14 @@ def leftovers_verdict(stack: str, region: str, leftovers: list[tuple[str, str]])
     return (f"stack '{stack}' is deleted but {len(leftovers)} instance(s) tagged scaletrain:cluster={stack} remain in "
             f"{region}: {listed}; terminate them with `aws ec2 terminate-instances --region {region} --instance-ids "
             f"{' '.join(iid for iid, _ in leftovers)}`")
+
+
+def undiscovered(known_ids: set[str], live: list[tuple[str, str, str]]) -> str | None:
+    """A line about instances of the cluster's tag that the saved cluster does not list, e.g. an Auto Scaling
+    group's replacement for a reclaimed spot node; ``live`` is (instance id, role, state). None when there are none."""
+    new = sorted((iid, role, state) for iid, role, state in live if iid not in known_ids)
+    if not new:
+        return None
+    listed = ", ".join(f"{iid} ({role}, {state})" for iid, role, state in new)
+    return (f"{len(new)} instance(s) of this cluster not discovered yet: {listed}; `launch discover` (or any "
+            f"`launch train`) adds them")

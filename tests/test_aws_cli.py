@@ -72,3 +72,24 @@ def test_launch_ssh_runs_on_the_named_node_and_refuses_unknown_ones(tmp_path):
         assert_one_line_error(launch(home, "ssh", "node9", "--", "true", timeout=60), "node9")
     finally:
         launch(home, "local", "down")
+
+
+def test_status_names_a_replacement_instance_not_yet_discovered(env, no_console, capsys):  # noqa: F811
+    deploy(workers=2)
+    assert cli.main(["status", "--cluster", "c1"]) == 0
+    gone = clusters.load("c1").nodes[1].instance_id
+    boto3.client("autoscaling").terminate_instance_in_auto_scaling_group(
+        InstanceId=gone, ShouldDecrementDesiredCapacity=False)
+    capsys.readouterr()
+    assert cli.main(["status", "--cluster", "c1"]) == 1  # node1 as saved is gone
+    out = capsys.readouterr().out
+    assert "terminated" in next(line for line in out.splitlines() if " node1 " in line)
+    new = [i.instance_id for i in aws.cluster_instances(aws.session(), "c1") if i.instance_id != gone
+           and i.instance_id != clusters.load("c1").nodes[0].instance_id]
+    assert len(new) == 1
+    assert f"1 instance(s) of this cluster not discovered yet: {new[0]} (worker, running); `launch discover`" in out
+    # After a discovery the replacement is a node like any other.
+    aws.discover_cluster(aws.session(), "c1", console=lambda iid: [])
+    capsys.readouterr()
+    assert cli.main(["status", "--cluster", "c1"]) == 0
+    assert "not discovered yet" not in capsys.readouterr().out

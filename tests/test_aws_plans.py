@@ -330,3 +330,11 @@ def test_status_arithmetic_and_ttl_extension():
         lifecycle.extended_start(start, 0, now)
     assert lifecycle.leftovers_verdict("c1", "us-east-1", []) is None
     assert "i-0abc (running)" in lifecycle.leftovers_verdict("c1", "us-east-1", [("i-0abc", "running")])
+
+
+def test_undiscovered_instances_are_named_or_nothing_is_said():
+    assert lifecycle.undiscovered({"i-1", "i-2"}, [("i-1", "worker", "running")]) is None
+    line = lifecycle.undiscovered({"i-1"}, [("i-3", "worker", "pending"), ("i-1", "worker", "running"),
+                                            ("i-2", "reducer", "running")])
+    assert line == ("2 instance(s) of this cluster not discovered yet: i-2 (reducer, running), i-3 (worker, pending); "
+                    "`launch discover` (or any `launch train`) adds them")
