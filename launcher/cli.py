@@ -822,4 +822,6 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if rv == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a silent Exit(130) outside standalone mode
+        print("error: interrupted", file=sys.stderr)
     return rv if isinstance(rv, int) else 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shlex
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -172,7 +173,7 @@ def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True,
     writer = PrefixWriter(node.name, on_line=on_line)
     hangup = hangup or Hangup()
     try:
-        with _session(cluster, node) as conn:
+        with _session(cluster, node) as conn, _interrupts() as interrupted:
             if not hangup._attach(conn):
                 return -1, []
             res = conn.run(in_workdir(node, command), pty=pty, warn=True, hide=False, out_stream=writer,
@@ -184,7 +185,33 @@ def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True,
     finally:
         hangup._attach(None)
         writer.flush()
+    if interrupted:  # invoke forwarded Ctrl-C to the remote and waited for it to stop; now the launcher stops
+        raise KeyboardInterrupt
     return res.exited, writer.lines
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[list[int]]:
+    """Records each SIGINT while a remote command runs, then lets it through as usual (KeyboardInterrupt).
+
+    invoke catches that KeyboardInterrupt, sends the interrupt to the remote command (^C down the pty: mpirun
+    then stops its ranks) and waits for the command to end, returning as if nothing happened; the record is how
+    the caller learns the user asked to stop. Only the main thread receives signals, so elsewhere: no record.
+    """
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def on_sigint(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def check(cluster: Cluster, node: Node, command: str, *, timeout_s: float | None = None) -> tuple[int, str]:
