@@ -103,6 +103,7 @@ class Watchdog:
         self._done = threading.Event()
         self._answers: queue.Queue[tuple[str, float, bool]] = queue.Queue()
         self._probes: dict[str, threading.Thread] = {}
+        self._conns: dict[str, remote.Connection] = {}  # node -> the probes' open connection (see _probe)
         self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
 
     def heard(self, line: str) -> None:
@@ -117,6 +118,10 @@ class Watchdog:
         self._thread.join()
         for t in self._probes.values():  # each ends within remote's timeouts; not left running behind us
             t.join(4 * self.policy.answer_s)
+        for conn in list(self._conns.values()):
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._conns.clear()
 
     def _watch(self) -> None:
         history: list[watchdog.Probe] = []
@@ -159,10 +164,19 @@ class Watchdog:
         return {n.name: answered.get(n.name, False) for n in self.nodes}
 
     def _probe(self, node: Node, sent: float) -> None:
+        # One connection per node, kept while it answers: over SSM a new connection is a new session (an AWS CLI
+        # process and a StartSession call) every interval for every node; a channel on a live one is one round trip.
+        conn = self._conns.pop(node.name, None)
         try:
-            ok = remote.check(self.cluster, node, "true", timeout_s=self.policy.answer_s)[0] == 0
+            conn = conn or remote.connect(self.cluster, node, timeout_s=self.policy.answer_s)
+            ok = conn.run("true", hide=True, warn=True, in_stream=False, timeout=self.policy.answer_s).exited == 0
         except Exception:  # refused, timed out, frozen: a miss either way
             ok = False
+        if ok:
+            self._conns[node.name] = conn
+        elif conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
         self._answers.put((node.name, sent, ok))
 
     def _stop(self, why: str) -> None:

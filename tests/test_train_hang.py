@@ -51,10 +51,12 @@ def job_on(home: Path, node: str, words: tuple[str, ...] = JOB) -> list[int]:
 
 
 def hung_node(home: Path, node: str) -> list[int]:
-    """What freezes to hang a local node: its sshd (new sessions get no banner) and the job's sessions.
+    """What freezes to hang a local node: its sshd (new sessions get no banner), every session's sshd process (the
+    watchdog's open connection among them) and the job's processes.
 
-    Other sessions (the watchdog's probes) are left alone: every local node's login shell shares the user's
-    rc files, and a shell frozen holding a lock there (pyenv's rehash) would stall the other nodes too.
+    Shells outside the job are left alone: every local node's login shell shares the user's rc files, and a shell
+    frozen holding a lock there (pyenv's rehash) would stall the other nodes too. With its sshd frozen, such a
+    shell (a probe's `true`) finishes and no new one starts.
     """
     sshd = cluster_state(home)["processes"][node]
     job = set(job_on(home, node))
@@ -64,7 +66,8 @@ def hung_node(home: Path, node: str) -> list[int]:
         while up not in (sshd, 0, 1):
             job.add(up)
             up = parent(up)
-    return [sshd, *sorted(job)]
+    sessions = {p for p in descendants(sshd) if cmdline(p).startswith("sshd")}
+    return [sshd, *sorted(job | sessions)]
 
 
 @contextlib.contextmanager
@@ -162,3 +165,38 @@ def test_the_stop_script_kills_an_mpirun_that_ignores_sigterm_and_what_it_starte
         assert not [p for p in tree[1:] if Path(f"/proc/{p}").exists() and "sleep" in cmdline(p)]
     finally:
         job.kill()
+
+
+def test_the_probes_keep_one_connection_per_node(tmp_path, monkeypatch):
+    # Over SSM every new connection is a new session (an AWS CLI process, a StartSession call): the probes reuse
+    # one per node while it answers. sshd logs each connection it accepts.
+    from launcher import cluster as clusters
+    from launcher import watchdog
+    from launcher.run import Watchdog
+
+    home = tmp_path / "home"
+    launch(home, "local", "up", "--nodes", "2", check=True)
+    try:
+        monkeypatch.setenv("SCALETRAIN_HOME", str(home))
+        c = clusters.load("local")
+        logs = {n.name: home / "clusters" / "local" / "nodes" / n.name / "sshd.log" for n in c.nodes}
+        before = {name: log.read_text().count("Accepted publickey") for name, log in logs.items()}
+        verdicts = []  # one per round of probes
+
+        def counted(history, *args, **kwargs):
+            verdicts.append(len(history))
+            return real(history, *args, **kwargs)
+
+        real = watchdog.verdict
+        monkeypatch.setattr(watchdog, "verdict", counted)
+        dog = Watchdog(c, c.nodes[0], c.nodes, watchdog.Watch(interval_s=0.3, misses=3, stall_s=0), "/nowhere")
+        with dog:
+            deadline = time.monotonic() + 60
+            while len(verdicts) < 6 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert len(verdicts) >= 6
+        assert dog.reason is None
+        accepted = {name: log.read_text().count("Accepted publickey") - before[name] for name, log in logs.items()}
+        assert accepted == {"node0": 1, "node1": 1}, accepted
+    finally:
+        launch(home, "local", "down")
