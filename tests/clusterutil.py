@@ -13,6 +13,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# `launch train` options for a run that takes seconds on CPUs: a small model, small images, small batches.
+TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--warmup-epochs", "1",
+        "--workers", "1"]
+
+
 def launch(home: Path, *args: str, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "SCALETRAIN_HOME": str(home), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     proc = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,

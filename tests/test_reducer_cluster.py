@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
+from clusterutil import TINY as TINY_RUN
 from clusterutil import assert_one_line_error, launch, tiny_shards
 
 pytestmark = pytest.mark.cluster
 
-TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--warmup-epochs", "1",
-        "--workers", "1", "--epochs", "1"]
+TINY = [*TINY_RUN, "--epochs", "1"]
 TRAINER = ["--", "--lr-per-256", "0.8", "--log-every", "2", "--steps-per-epoch", "4", "--threads", "1",
            "--dump-rank-params"]
 

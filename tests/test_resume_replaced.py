@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from clusterutil import assert_one_line_error, cluster_state, kill_node, launch, launch_background, tiny_shards
+from clusterutil import TINY, assert_one_line_error, cluster_state, kill_node, launch, launch_background, tiny_shards
 
 from launcher import cluster as clusters
 from launcher import local
@@ -20,8 +20,6 @@ from launcher.errors import LaunchError
 
 pytestmark = pytest.mark.cluster
 
-TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--warmup-epochs", "1",
-        "--workers", "1"]
 EPOCHS = 8  # node1 dies right after the first checkpoint; the resumed run still has several epochs to train
 
 

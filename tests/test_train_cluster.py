@@ -10,12 +10,10 @@ import time
 
 import pytest
 import torch
-from clusterutil import ROOT, alive, assert_one_line_error, cluster_state, kill_node, launch, tiny_shards
+from clusterutil import ROOT, TINY, alive, assert_one_line_error, cluster_state, kill_node, launch, tiny_shards
 
 pytestmark = pytest.mark.cluster
 
-TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--warmup-epochs", "1",
-        "--workers", "1"]
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from clusterutil import assert_one_line_error, cluster_state, descendants, launch, launch_background, tiny_shards
+from clusterutil import TINY, assert_one_line_error, cluster_state, descendants, launch, launch_background, tiny_shards
 
 pytestmark = pytest.mark.cluster
 
-TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--warmup-epochs", "1",
-        "--workers", "1"]
 # Probing every 2 s, a node is given up after 3 misses (each miss waits up to 10 s for a reply).
 FAST_WATCH = ["--probe-interval", "2", "--probe-misses", "3"]
 

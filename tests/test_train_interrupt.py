@@ -9,12 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from clusterutil import alive, assert_one_line_error, cluster_state, launch, launch_background, tiny_shards
+from clusterutil import TINY, alive, assert_one_line_error, cluster_state, launch, launch_background, tiny_shards
 
 pytestmark = pytest.mark.cluster
 
-TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--warmup-epochs", "1",
-        "--workers", "1"]
 
 
 @pytest.fixture(scope="module")
