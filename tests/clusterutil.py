@@ -93,3 +93,15 @@ def kill_node(home: Path, node: str, name: str = "local") -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return victims
+
+
+@contextlib.contextmanager
+def local_cluster_with_shards(root: Path, nodes: int = 2):
+    """A local cluster under root/home and the tiny shards under root, for a module of tests; down afterwards."""
+    home = root / "home"
+    launch(home, "local", "up", "--nodes", str(nodes), check=True)
+    try:
+        tiny_shards(home, root)
+        yield root, home
+    finally:
+        launch(home, "local", "down")

@@ -12,7 +12,15 @@ import time
 
 import pytest
 import torch
-from clusterutil import TINY, assert_one_line_error, cluster_state, kill_node, launch, launch_background, tiny_shards
+from clusterutil import (
+    TINY,
+    assert_one_line_error,
+    cluster_state,
+    kill_node,
+    launch,
+    launch_background,
+    local_cluster_with_shards,
+)
 
 from launcher import cluster as clusters
 from launcher import local
@@ -25,12 +33,8 @@ EPOCHS = 8  # node1 dies right after the first checkpoint; the resumed run still
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("replaced")
-    home = root / "home"
-    launch(home, "local", "up", "--nodes", "2", check=True)
-    tiny_shards(home, root)
-    yield root, home
-    launch(home, "local", "down")
+    with local_cluster_with_shards(tmp_path_factory.mktemp("replaced")) as found:
+        yield found
 
 
 def epoch_rows(run) -> list[dict]:

@@ -10,20 +10,24 @@ import time
 
 import pytest
 import torch
-from clusterutil import ROOT, TINY, alive, assert_one_line_error, cluster_state, kill_node, launch, tiny_shards
+from clusterutil import (
+    ROOT,
+    TINY,
+    alive,
+    assert_one_line_error,
+    cluster_state,
+    kill_node,
+    launch,
+    local_cluster_with_shards,
+)
 
 pytestmark = pytest.mark.cluster
 
 
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    home = root / "home"
-    launch(home, "local", "up", "--nodes", "2", check=True)
-    tiny_shards(home, root)
-    yield root, home
-    launch(home, "local", "down")
+    with local_cluster_with_shards(tmp_path_factory.mktemp("train")) as found:
+        yield found
 
 
 def metrics(run) -> list[dict]:
