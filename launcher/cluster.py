@@ -32,6 +32,11 @@ class Node(BaseModel):
     launched_at: str | None = None           # AWS nodes: EC2 LaunchTime, ISO 8601 UTC
 
 
+# A node's working directory in shell terms, for command lines shared by every node (launch exec, doctor): the local
+# sshd sets SCALETRAIN_WORKDIR; on AWS it is ~/scaletrain, what discovery records as each Node.workdir.
+WORKDIR_SHELL = '"${SCALETRAIN_WORKDIR:-$HOME/scaletrain}"'
+
+
 class AwsInfo(BaseModel):
     """What discovery read from a deployed stack; the local backend has none."""
 

@@ -17,6 +17,7 @@ from typing import Literal
 
 from infra.catalog import InstanceType
 from infra.layout import BEEGFS_MOUNT_POINT, FSX_MOUNT_POINT, efa_device_count, interfaces
+from launcher.cluster import WORKDIR_SHELL
 
 Status = Literal["ok", "fail", "skip"]
 STORAGE_CHOICES = ("auto", "fsx", "beegfs", "none")
@@ -78,8 +79,7 @@ def probe_script(backend: Literal["local", "aws"], python: str) -> str:
         ("horovod-python", f"{py} -c 'import json, horovod, horovod.torch as hvd; print(json.dumps("
                            f"{{\"version\": horovod.__version__, \"mpi\": bool(hvd.mpi_built()), "
                            f"\"gloo\": bool(hvd.gloo_built()), \"nccl\": bool(hvd.nccl_built())}}))'"),
-        ("workdir", 'f="${SCALETRAIN_WORKDIR:-$HOME}/.doctor-$$" && touch "$f" && rm -f "$f" && '
-                    'echo "writable ${SCALETRAIN_WORKDIR:-$HOME}"'),
+        ("workdir", f'w={WORKDIR_SHELL} && f="$w/.doctor-$$" && touch "$f" && rm -f "$f" && echo "writable $w"'),
     ]
     aws = [
         ("nvidia-smi", "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader"),

@@ -20,7 +20,7 @@ from fabric import Config, Connection, ThreadingGroup
 from fabric.exceptions import GroupException
 from paramiko import RejectPolicy
 
-from launcher.cluster import Cluster, Node
+from launcher.cluster import WORKDIR_SHELL, Cluster, Node
 from launcher.errors import LaunchError
 
 # paramiko's transport thread logs a failed connection with its traceback (through logging's last-resort
@@ -50,8 +50,10 @@ def connect(cluster: Cluster, node: Node, *, timeout_s: float | None = None) -> 
 
 
 def in_workdir(node: Node, command: str) -> str:
-    """The shell line that runs `command` in the node's working directory."""
-    return f"cd {shlex.quote(node.workdir)} && {command}"
+    """The shell line that runs `command` in the node's working directory (made first: nothing on a fresh AWS
+    node creates it)."""
+    workdir = shlex.quote(node.workdir)
+    return f"mkdir -p {workdir} && cd {workdir} && {command}"
 
 
 @dataclass(frozen=True)
@@ -71,13 +73,13 @@ def run_all(cluster: Cluster, nodes: list[Node], command: str) -> list[NodeResul
     """`command` on every node at once (fabric ThreadingGroup), each in its working directory.
 
     One command line serves the whole group, so the working directory comes from the node's environment
-    (SCALETRAIN_WORKDIR, set by the local sshd and by the AWS image), not from per-node text.
+    (cluster.WORKDIR_SHELL), not from per-node text.
     """
     conns = {n.name: connect(cluster, n) for n in nodes}
     node_of = {id(c): name for name, c in conns.items()}
     group = ThreadingGroup.from_connections(list(conns.values()))
     try:
-        results = group.run('cd "${SCALETRAIN_WORKDIR:-$HOME}" && ' + command, hide=True, warn=True,
+        results = group.run(f"mkdir -p {WORKDIR_SHELL} && cd {WORKDIR_SHELL} && {command}", hide=True, warn=True,
                             in_stream=False)
     except GroupException as e:
         results = e.result

@@ -234,3 +234,14 @@ def test_an_s3_prefix_without_manifest_is_one_line_naming_the_options(env, s3):
         awsrun.stage_data(c, c.workers, f"s3://{BUCKET}/raw-imagenet", aws_cli=aws_cli)
     assert str(e.value).startswith(f"no manifest.json under s3://{BUCKET}/raw-imagenet (read from node0)")
     assert "data_bucket" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_fresh_node_gets_its_working_directory_on_first_use(env):
+    # Discovery records ~/scaletrain as every AWS node's working directory; nothing on a fresh node creates it.
+    root, _, c = env
+    fresh = c.model_copy(update={"nodes": [n.model_copy(update={"workdir": str(root / "fresh" / n.name / "scaletrain")})
+                                           for n in c.nodes]})
+    node = fresh.node("node1")
+    assert not Path(node.workdir).exists()
+    code, out = remote.check(fresh, node, "pwd")
+    assert (code, out.strip()) == (0, node.workdir)
