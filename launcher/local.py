@@ -155,7 +155,14 @@ def _start_node(d: Path, cluster: str, node: str, role: str, port: int, user: st
     try:
         _wait_for_banner(port, proc, log)
     except BaseException:
-        _stop_pids({node: proc.pid}, d)
+        # Stopped through the Popen, not _stop_pids: a child that has not exec'ed sshd yet does not carry the
+        # config path _stop_pids recognises ours by, and would be left to start sshd unwatched.
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         raise
     return (Node(name=node, address="127.0.0.1", port=port, role=role, slots=1, cpus=cpus, workdir=str(workdir)),
             host_pub, proc)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +76,34 @@ def test_fingerprint_is_openssh_s(tmp_path):
     out = subprocess.run(["ssh-keygen", "-lf", str(tmp_path / "key.pub")], capture_output=True, text=True,
                          check=True).stdout
     assert local.fingerprint(pub) == out.split()[1]
+
+
+def test_a_node_whose_sshd_is_given_up_at_once_leaves_no_process(tmp_path, monkeypatch):
+    # Given up before the child has even exec'ed sshd: the process must still be stopped, not left to start.
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
+    started = []
+    real_popen = local.subprocess.Popen
+
+    def recording_popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        return proc
+
+    def no_banner(port, proc, log, timeout=15.0):
+        raise LaunchError(f"sshd on port {port} did not answer")
+
+    monkeypatch.setattr(local.subprocess, "Popen", recording_popen)
+    monkeypatch.setattr(local, "_wait_for_banner", no_banner)
+    with pytest.raises(LaunchError, match="did not answer"):
+        local.up(2)
+    sshd = [proc for proc in started if proc.args[0] == local.SSHD]
+    assert len(sshd) == 1 and sshd[0].poll() is not None  # stopped and reaped
+    time.sleep(0.5)  # long enough for an orphaned child to have exec'ed sshd
+    assert not [pid for pid in Path("/proc").glob("[0-9]*") if str(tmp_path) in _cmdline(pid)]
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:  # gone meanwhile
+        return ""
