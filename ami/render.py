@@ -21,7 +21,7 @@ from typing import Literal
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, ConfigDict, Field
 
-from launcher.efa import SoftwareVersions
+from launcher.efa import SoftwareVersions, versions_of
 
 HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions.json"
@@ -231,8 +231,7 @@ def ami_tags(versions: Versions, base: str) -> dict[str, str]:
 
 def software_versions(tags: dict[str, str]) -> SoftwareVersions:
     """What an AMI's tags say about the software that decides the EFA/NCCL environment (launcher.efa)."""
-    return SoftwareVersions(aws_ofi_nccl=tags.get(f"{TAG_PREFIX}aws-ofi-nccl"),
-                            libfabric=tags.get(f"{TAG_PREFIX}libfabric"))
+    return versions_of({k.removeprefix(TAG_PREFIX): v for k, v in tags.items() if k.startswith(TAG_PREFIX)})
 
 
 def versions_table(versions: Versions) -> str:
