@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -238,8 +239,6 @@ def put_text(cluster: Cluster, node: Node, text: str, path: str, mode: int = 0o6
 def get_files(cluster: Cluster, node: Node, pairs: list[tuple[str, Path]]) -> None:
     """Copy remote files to local paths over one SFTP session; each lands under a temporary name first and is
     renamed into place, so an interrupted copy never leaves a truncated file under the real name."""
-    import os
-
     with _session(cluster, node) as conn:
         sftp = conn.sftp()
         for remote_path, local_path in pairs:
