@@ -260,6 +260,41 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
     sess = aws.session(region, profile)
     if no_wait:
         c = aws.discover_cluster(sess, stack, profile=profile, bastion=bastion)
+@app.command("preflight")
+def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", metavar="KEY=VALUE",
+                                                    help="A context key of `npx cdk deploy`, as you will pass it "
+                                                         "there (cdk.json's context is read first)."),
+                  region: str = typer.Option(None, "--region", help="Same as -c region=REGION (the stack's region; "
+                                                                    "default: cdk.json's)."),
+                  profile: str = ProfileOpt):
+    """Before `npx cdk deploy`: ask AWS (read-only) what would stop the stack's nodes: instance types offered in
+    the AZ, vCPU quotas, the capacity reservation, the image. Each failure is one line naming the fix."""
+    import json
+
+    from launcher import aws, preflight, preflight_shell
+
+    pairs = list(context or [])
+    cdk_json = next((p for p in (Path("cdk.json"), Path(__file__).resolve().parent.parent / "cdk.json")
+                     if p.is_file()), None)
+    try:
+        defaults = json.loads(cdk_json.read_text()).get("context", {}) if cdk_json else {}
+        ctx = preflight.context_from_args(pairs, defaults)
+        if region is not None and any(p.startswith("region=") for p in pairs):
+            if ctx.get("region") != region:
+                raise ValueError(f"--region {region} and -c region={ctx.get('region')} disagree; pass one")
+        elif region is not None:
+            ctx["region"], pairs = region, [*pairs, f"region={region}"]
+        spec = preflight.spec_from_context(ctx)
+    except (ValueError, OSError) as e:
+        raise LaunchError(str(e).splitlines()[0]) from None
+    facts = preflight_shell.gather(aws.session(spec.region, profile), spec)
+    verdicts = preflight.decide(spec, facts)
+    for line in [*preflight.render(verdicts), preflight.summary(spec, verdicts, pairs)]:
+        console.print(line, markup=False, highlight=False)
+    if preflight.failed(verdicts):
+        raise typer.Exit(1)
+
+
     else:
         c = awsrun.connect_ready(sess, stack, profile=profile, bastion=bastion, timeout_s=ready_timeout)
         awsrun.install_node_access(c)
