@@ -31,7 +31,8 @@ EFA_PREFIX = "/opt/amazon/efa"             # libfabric and fi_info
 FI_INFO = f"{EFA_PREFIX}/bin/fi_info"
 OFI_NCCL_PREFIX = "/opt/amazon/ofi-nccl"   # aws-ofi-nccl, the NCCL net plugin for EFA
 CUDA_HOME = "/usr/local/cuda"
-NCCL_TESTS = "/opt/nccl-tests/build"
+NCCL_TESTS_ROOT = "/opt/nccl-tests"        # nccl-tests' checkout, built in place
+NCCL_TESTS = f"{NCCL_TESTS_ROOT}/build"
 AWS_CLI = "/usr/local/bin/aws"             # AWS CLI v2
 
 IMAGE_ENV_FILE = "/etc/scaletrain/image.env"   # every pinned version, as the image was built
@@ -53,6 +54,11 @@ def shell_env() -> dict[str, str]:
         "SCALETRAIN_OFI_NCCL_PREFIX": OFI_NCCL_PREFIX,
         "SCALETRAIN_AWS_CLI": AWS_CLI,
         "SCALETRAIN_PROFILE": PROFILE_FILE,
+        "SCALETRAIN_CUDA_HOME": CUDA_HOME,
+        "SCALETRAIN_NCCL_TESTS_ROOT": NCCL_TESTS_ROOT,
+        "SCALETRAIN_IMAGE_ENV_FILE": IMAGE_ENV_FILE,
+        "SCALETRAIN_BIN_PATH": ":".join(BIN_PATH),
+        "SCALETRAIN_LIB_PATH": ":".join(LIB_PATH),
     }
 
 

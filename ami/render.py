@@ -21,13 +21,14 @@ from typing import Literal
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, ConfigDict, Field
 
+from ami import paths
 from launcher.efa import SoftwareVersions, versions_of
 
 HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions.json"
 COMPONENTS_DIR = HERE / "components"
-SCRIPT_DIR = "/opt/scaletrain/ami"
-VENV = "/opt/scaletrain/venv"
+SCRIPT_DIR = paths.SCRIPT_DIR
+VENV = paths.VENV
 SOURCE_ZIP = "/tmp/scaletrain-src.zip"
 TAG_PREFIX = "scaletrain:"
 COMPONENT_DATA_LIMIT = 16_000  # AWS::ImageBuilder::Component Data: at most 16,000 characters inline
@@ -134,7 +135,8 @@ def parent_image(versions: Versions, base: str) -> str:
 
 
 def image_env(versions: Versions, base: str = "ubuntu") -> dict[str, str]:
-    """Every pinned version as the variable the scripts read (also written to /etc/scaletrain/image.env)."""
+    """Every pinned version, and every path of ami/paths.py, as the variable the scripts read (the image records
+    them in /etc/scaletrain/image.env)."""
     return {
         "SCALETRAIN_IMAGE_VERSION": versions.image_version,
         "SCALETRAIN_BASE": base,
@@ -154,8 +156,7 @@ def image_env(versions: Versions, base: str = "ubuntu") -> dict[str, str]:
         "HOROVOD_VERSION": versions.horovod,
         "BEEGFS_VERSION": versions.beegfs,
         "LUSTRE_CLIENT_VERSION": versions.lustre_client,
-        "SCALETRAIN_VENV": VENV,
-    }
+    } | paths.shell_env()
 
 
 def script_variables(script_text: str) -> list[str]:
