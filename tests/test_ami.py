@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ami/ is a CDK app beside the package, not part of the installed distribution
     sys.path.insert(0, str(ROOT))
 
-from ami import render  # noqa: E402
+from ami import paths, render  # noqa: E402
 from launcher import efa  # noqa: E402
 
 pytest.importorskip("aws_cdk")
@@ -63,7 +64,8 @@ def test_component_document_runs_its_script_with_the_pinned_versions(component: 
 def test_each_script_gets_exactly_the_versions_it_reads() -> None:
     nccl = render.component_env(VERSIONS, next(c for c in render.COMPONENTS if c.key == "nccl"))
     assert nccl == {"NCCL_VERSION": VERSIONS.nccl, "NCCL_CUDA_TAG": VERSIONS.nccl_cuda_tag,
-                    "NCCL_TESTS_VERSION": VERSIONS.nccl_tests}
+                    "NCCL_TESTS_VERSION": VERSIONS.nccl_tests, "SCALETRAIN_NCCL_TESTS_ROOT": paths.NCCL_TESTS_ROOT,
+                    "SCALETRAIN_MPI_PREFIX": paths.MPI_PREFIX, "SCALETRAIN_CUDA_HOME": paths.CUDA_HOME}
     horovod = next(c for c in render.COMPONENTS if c.key == "horovod")
     assert "export HOROVOD_VERSION=0.28.1" in rendered(horovod)[0]
     base_text = rendered(render.COMPONENTS[0], base="dlami")[0]
@@ -109,6 +111,23 @@ def test_ami_tags_choose_the_efa_environment() -> None:
 
 def test_readme_table_is_the_versions_file() -> None:
     assert render.versions_table(VERSIONS) in (ROOT / "ami" / "README.md").read_text()
+
+
+def test_scripts_read_the_image_paths_from_ami_paths() -> None:
+    """Every path ami/paths.py names reaches the scripts as a variable; none is written into a script."""
+    env = render.image_env(VERSIONS)
+    assert paths.shell_env().items() <= env.items()
+    assert env["SCALETRAIN_BIN_PATH"].split(":") == list(paths.BIN_PATH)
+    scaletrain = render.component_env(VERSIONS, next(c for c in render.COMPONENTS if c.key == "scaletrain"))
+    assert scaletrain["SCALETRAIN_VENV"] == paths.VENV == "/opt/scaletrain/venv"
+    assert scaletrain["SCALETRAIN_PROFILE"] == paths.PROFILE_FILE
+    hard_coded = re.compile("|".join(re.escape(p) + r"(?![\w-])" for p in (
+        paths.ROOT, paths.MPI_PREFIX, paths.EFA_PREFIX, paths.OFI_NCCL_PREFIX, paths.CUDA_HOME, paths.NCCL_TESTS_ROOT,
+        paths.AWS_CLI, paths.IMAGE_ENV_FILE, paths.PROFILE_FILE)))
+    found = [f"{script.name}:{n}: {line.strip()}" for script in SCRIPTS
+             for n, line in enumerate(script.read_text().splitlines(), 1)
+             if not line.lstrip().startswith("#") and hard_coded.search(line)]
+    assert found == []
 
 
 # --- The scripts ----------------------------------------------------------------------------------------------------

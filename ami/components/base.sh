@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Base packages, the kernel held (the NVIDIA, Lustre and BeeGFS modules are built for it), and the image's
-# record of its versions in /etc/scaletrain/image.env (launch doctor reads it).
-# Reads: SCALETRAIN_IMAGE_ENV (every pinned version, KEY=VALUE lines, from ami/versions.json).
+# record of its versions in SCALETRAIN_IMAGE_ENV_FILE (/etc/scaletrain/image.env; launch doctor reads it).
+# Reads: SCALETRAIN_IMAGE_ENV (every pinned version and path, KEY=VALUE lines, from ami/versions.json and
+# ami/paths.py) and SCALETRAIN_IMAGE_ENV_FILE (where it goes).
 set -euo pipefail
 : "${SCALETRAIN_IMAGE_ENV:?set by the Image Builder component from ami/versions.json}"
+: "${SCALETRAIN_IMAGE_ENV_FILE:?set by the Image Builder component from ami/paths.py}"
 export DEBIAN_FRONTEND=noninteractive
-RECORD=/etc/scaletrain/image.env
+RECORD=$SCALETRAIN_IMAGE_ENV_FILE
 
 verify() {
     test -s "$RECORD" || { echo "error: $RECORD is missing" >&2; return 1; }
@@ -23,7 +25,7 @@ install_() {
     for meta in linux-aws linux-image-aws linux-headers-aws; do
         if dpkg -s "$meta" >/dev/null 2>&1; then apt-mark hold "$meta" >/dev/null; fi
     done
-    install -d -m 0755 /etc/scaletrain
+    install -d -m 0755 "$(dirname "$RECORD")"
     printf '%s\n' "$SCALETRAIN_IMAGE_ENV" >"$RECORD"
 }
 

@@ -14,7 +14,7 @@ verify() {
         [ "$(dpkg-query -W -f '${Version}' "$pkg" 2>/dev/null | cut -d- -f1)" = "$BEEGFS_VERSION" ] \
             || { echo "error: $pkg $BEEGFS_VERSION is not installed" >&2; return 1; }
     done
-    find "/lib/modules/$(uname -r)" -name 'beegfs.ko*' | grep -q . \
+    find "/lib/modules/$(uname -r)" -name 'beegfs.ko*' | grep . >/dev/null \
         || { echo "error: no beegfs client module for kernel $(uname -r)" >&2; return 1; }
 }
 

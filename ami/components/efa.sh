@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # The EFA installer: the EFA kernel module, libfabric (/opt/amazon/efa) and Open MPI (/opt/amazon/openmpi).
-# Reads: EFA_INSTALLER_VERSION, LIBFABRIC_VERSION and OPENMPI_VERSION (what that installer ships).
+# Reads: EFA_INSTALLER_VERSION, LIBFABRIC_VERSION and OPENMPI_VERSION (what that installer ships);
+# SCALETRAIN_EFA_PREFIX and SCALETRAIN_MPI_PREFIX (ami/paths.py: where the installer puts them).
 set -euo pipefail
 : "${EFA_INSTALLER_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${LIBFABRIC_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${OPENMPI_VERSION:?set by the Image Builder component from ami/versions.json}"
+: "${SCALETRAIN_EFA_PREFIX:?set by the Image Builder component from ami/paths.py}"
+: "${SCALETRAIN_MPI_PREFIX:?set by the Image Builder component from ami/paths.py}"
 
 verify() {
     grep -q "EFA installer version: ${EFA_INSTALLER_VERSION}\$" /opt/amazon/efa_installed_packages 2>/dev/null \
         || { echo "error: EFA installer ${EFA_INSTALLER_VERSION} is not installed" >&2; return 1; }
-    /opt/amazon/efa/bin/fi_info --version | grep -q "libfabric: ${LIBFABRIC_VERSION}\$" \
+    "$SCALETRAIN_EFA_PREFIX/bin/fi_info" --version | grep "libfabric: ${LIBFABRIC_VERSION}\$" >/dev/null \
         || { echo "error: libfabric is not ${LIBFABRIC_VERSION}; correct ami/versions.json" >&2; return 1; }
-    /opt/amazon/openmpi/bin/mpirun --version | grep -q "(Open MPI) ${OPENMPI_VERSION}\$" \
-        || { echo "error: /opt/amazon/openmpi is not Open MPI ${OPENMPI_VERSION}" >&2; return 1; }
+    "$SCALETRAIN_MPI_PREFIX/bin/mpirun" --version | grep "(Open MPI) ${OPENMPI_VERSION}\$" >/dev/null \
+        || { echo "error: $SCALETRAIN_MPI_PREFIX is not Open MPI ${OPENMPI_VERSION}" >&2; return 1; }
 }
 
 install_() {
@@ -21,7 +24,7 @@ install_() {
     curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
         | tar -xz -C "$work"
     (cd "$work/aws-efa-installer" && ./efa_installer.sh -y)
-    printf '%s\n' /opt/amazon/efa/lib /opt/amazon/openmpi/lib >/etc/ld.so.conf.d/100-efa.conf
+    printf '%s\n' "$SCALETRAIN_EFA_PREFIX/lib" "$SCALETRAIN_MPI_PREFIX/lib" >/etc/ld.so.conf.d/100-efa.conf
     ldconfig
     rm -rf "$work"
 }

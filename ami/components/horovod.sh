@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Horovod from its PyPI sdist with NCCL (GPU operations) and MPI (the EFA installer's Open MPI), with the
 # C++17 fix of scripts/build-horovod.sh: 0.28.1 sets C++14, PyTorch >= 2.1 needs C++17.
-# Reads: SCALETRAIN_VENV, HOROVOD_VERSION.
+# Reads: SCALETRAIN_VENV, HOROVOD_VERSION; SCALETRAIN_MPI_PREFIX and SCALETRAIN_CUDA_HOME (ami/paths.py).
 set -euo pipefail
-: "${SCALETRAIN_VENV:?set by the Image Builder component}"
+: "${SCALETRAIN_VENV:?set by the Image Builder component from ami/paths.py}"
 : "${HOROVOD_VERSION:?set by the Image Builder component from ami/versions.json}"
+: "${SCALETRAIN_MPI_PREFIX:?set by the Image Builder component from ami/paths.py}"
+: "${SCALETRAIN_CUDA_HOME:?set by the Image Builder component from ami/paths.py}"
 PY="$SCALETRAIN_VENV/bin/python"
-export PATH="/opt/amazon/openmpi/bin:/usr/local/cuda/bin:$PATH"
+export PATH="$SCALETRAIN_MPI_PREFIX/bin:$SCALETRAIN_CUDA_HOME/bin:$PATH"
 
 verify() {
     local build

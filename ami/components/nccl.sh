@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# NCCL from NVIDIA's CUDA repository, and nccl-tests (all_reduce_perf, built with MPI) in /opt/nccl-tests.
-# Reads: NCCL_VERSION, NCCL_CUDA_TAG (the package's +cudaX.Y suffix), NCCL_TESTS_VERSION.
+# NCCL from NVIDIA's CUDA repository, and nccl-tests (all_reduce_perf, built with MPI) in SCALETRAIN_NCCL_TESTS_ROOT.
+# Reads: NCCL_VERSION, NCCL_CUDA_TAG (the package's +cudaX.Y suffix), NCCL_TESTS_VERSION; SCALETRAIN_NCCL_TESTS_ROOT,
+# SCALETRAIN_MPI_PREFIX and SCALETRAIN_CUDA_HOME (ami/paths.py).
 set -euo pipefail
 : "${NCCL_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${NCCL_CUDA_TAG:?set by the Image Builder component from ami/versions.json}"
 : "${NCCL_TESTS_VERSION:?set by the Image Builder component from ami/versions.json}"
+: "${SCALETRAIN_NCCL_TESTS_ROOT:?set by the Image Builder component from ami/paths.py}"
+: "${SCALETRAIN_MPI_PREFIX:?set by the Image Builder component from ami/paths.py}"
+: "${SCALETRAIN_CUDA_HOME:?set by the Image Builder component from ami/paths.py}"
 export DEBIAN_FRONTEND=noninteractive
 PKG_VERSION="${NCCL_VERSION}-1+${NCCL_CUDA_TAG}"
-TESTS=/opt/nccl-tests
+TESTS=$SCALETRAIN_NCCL_TESTS_ROOT
 
 verify() {
     [ "$(dpkg-query -W -f '${Version}' libnccl2 2>/dev/null)" = "$PKG_VERSION" ] \
@@ -24,7 +28,7 @@ install_() {
     apt-mark hold libnccl2 libnccl-dev >/dev/null
     rm -rf "$TESTS"
     git clone --quiet --depth 1 --branch "v${NCCL_TESTS_VERSION}" https://github.com/NVIDIA/nccl-tests.git "$TESTS"
-    make -C "$TESTS" -j "$(nproc)" MPI=1 MPI_HOME=/opt/amazon/openmpi CUDA_HOME=/usr/local/cuda NCCL_HOME=/usr \
+    make -C "$TESTS" -j "$(nproc)" MPI=1 MPI_HOME="$SCALETRAIN_MPI_PREFIX" CUDA_HOME="$SCALETRAIN_CUDA_HOME" NCCL_HOME=/usr \
         >/dev/null
     echo "$NCCL_TESTS_VERSION" >"$TESTS/VERSION"
 }

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # NVIDIA driver (DKMS, so it is rebuilt for a new kernel) and the CUDA toolkit. Not part of the recipe on a
 # base that ships a driver (the Deep Learning Base AMI); see ami/render.py.
-# Reads: NVIDIA_DRIVER_VERSION, NVIDIA_KERNEL_MODULE_TYPE (open|proprietary), CUDA_VERSION, CUDA_APT_PACKAGE.
+# Reads: NVIDIA_DRIVER_VERSION, NVIDIA_KERNEL_MODULE_TYPE (open|proprietary), CUDA_VERSION, CUDA_APT_PACKAGE;
+# SCALETRAIN_CUDA_HOME (ami/paths.py).
 set -euo pipefail
 : "${NVIDIA_DRIVER_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${NVIDIA_KERNEL_MODULE_TYPE:?set by the Image Builder component (open or proprietary)}"
 : "${CUDA_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${CUDA_APT_PACKAGE:?set by the Image Builder component from ami/versions.json}"
+: "${SCALETRAIN_CUDA_HOME:?set by the Image Builder component from ami/paths.py}"
 export DEBIAN_FRONTEND=noninteractive
 CUDA_REPO=https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64
 
@@ -16,7 +18,7 @@ verify() {
         || { echo "error: no nvidia kernel module for kernel $(uname -r)" >&2; return 1; }
     [ "$built" = "$NVIDIA_DRIVER_VERSION" ] \
         || { echo "error: nvidia module $built, expected $NVIDIA_DRIVER_VERSION" >&2; return 1; }
-    /usr/local/cuda/bin/nvcc --version | grep -q "release ${CUDA_VERSION%.*}," \
+    "$SCALETRAIN_CUDA_HOME/bin/nvcc" --version | grep "release ${CUDA_VERSION%.*}," >/dev/null \
         || { echo "error: nvcc is not CUDA ${CUDA_VERSION%.*}" >&2; return 1; }
 }
 
@@ -32,8 +34,8 @@ install_() {
     # The toolkit only: the driver above is the runfile's, so the repo's driver packages stay out.
     apt-get install -y -qq --no-install-recommends "${CUDA_APT_PACKAGE}=${CUDA_VERSION}-1" >/dev/null
     apt-mark hold "$CUDA_APT_PACKAGE" >/dev/null
-    ln -sfn "/usr/local/cuda-${CUDA_VERSION%.*}" /usr/local/cuda
-    echo "/usr/local/cuda/lib64" >/etc/ld.so.conf.d/000-cuda.conf
+    ln -sfn "/usr/local/cuda-${CUDA_VERSION%.*}" "$SCALETRAIN_CUDA_HOME"
+    echo "$SCALETRAIN_CUDA_HOME/lib64" >/etc/ld.so.conf.d/000-cuda.conf
     ldconfig
     rm -rf "$work"
 }

@@ -2,7 +2,7 @@
 # The training Python: a venv at SCALETRAIN_VENV with the pinned PyTorch CUDA build.
 # Reads: SCALETRAIN_VENV, TORCH_VERSION, TORCH_INDEX (the PyTorch wheel index for the image's CUDA).
 set -euo pipefail
-: "${SCALETRAIN_VENV:?set by the Image Builder component}"
+: "${SCALETRAIN_VENV:?set by the Image Builder component from ami/paths.py}"
 : "${TORCH_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${TORCH_INDEX:?set by the Image Builder component from ami/versions.json}"
 PY="$SCALETRAIN_VENV/bin/python"
