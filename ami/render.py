@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ami import paths
 from launcher.efa import SoftwareVersions, versions_of
@@ -55,6 +55,7 @@ class Versions(BaseModel):
     comment: str = Field(alias="_comment")
     image_version: str = Field(pattern=r"^[0-9]+\.[0-9]+$")
     nvidia_driver: str = Field(pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+    nvidia_fabricmanager: str = Field(pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?-[0-9A-Za-z.+~]+$")
     cuda: str = Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
     cuda_apt_package: str = Field(pattern=r"^cuda-toolkit-[0-9]+-[0-9]+$")
     nccl: str = Field(pattern=_VERSION)
@@ -69,8 +70,20 @@ class Versions(BaseModel):
     horovod: str = Field(pattern=_VERSION)
     beegfs: str = Field(pattern=_VERSION)
     lustre_client: str = Field(pattern=r"^[0-9]+\.[0-9]+$")
+    aws_cli: str = Field(pattern=r"^2\.[0-9]+\.[0-9]+$")
     ubuntu: Literal["22.04"]
     bases: dict[BaseName, Base]
+
+    @model_validator(mode="after")
+    def _fabric_manager_is_the_drivers(self) -> Versions:
+        # Fabric Manager starts only against a driver of exactly its own version (NVIDIA Fabric Manager User Guide,
+        # https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/index.html: the service "checks the
+        # currently loaded kernel driver stack version for compatibility ... and aborts" otherwise). The pin is
+        # the driver's version plus the Debian revision of NVIDIA's CUDA repository (570.172.08-1).
+        if self.nvidia_fabricmanager.rpartition("-")[0] != self.nvidia_driver:
+            raise ValueError(f"nvidia_fabricmanager {self.nvidia_fabricmanager} is not the driver's version "
+                             f"{self.nvidia_driver} plus a package revision (e.g. {self.nvidia_driver}-1)")
+        return self
 
 
 def load_versions(path: Path = VERSIONS_FILE) -> Versions:
@@ -99,7 +112,9 @@ class Component:
 # In recipe order.
 COMPONENTS: tuple[Component, ...] = (
     Component("base", "Base packages, the kernel held, /etc/scaletrain/image.env"),
+    Component("aws-cli", "AWS CLI v2 from AWS's signed installer, at /usr/local/bin/aws"),
     Component("nvidia", "NVIDIA driver (DKMS) and CUDA toolkit", needs_driver_install=True),
+    Component("fabricmanager", "NVIDIA Fabric Manager at the driver's version, enabled (NVSwitch hosts)"),
     Component("efa", "EFA installer: EFA module, libfabric, Open MPI under /opt/amazon"),
     Component("nccl", "NCCL and nccl-tests"),
     Component("aws-ofi-nccl", "aws-ofi-nccl NCCL net plugin for EFA, in /opt/amazon/ofi-nccl"),
@@ -107,9 +122,10 @@ COMPONENTS: tuple[Component, ...] = (
     Component("horovod", "Horovod from its sdist with NCCL and MPI, C++17 fix"),
     Component("beegfs", "BeeGFS management, metadata, storage and client"),
     Component("lustre", "Lustre client for FSx for Lustre"),
-    Component("scaletrain", "scaletrain installed into the training venv", downloads_source=True),
-    Component("image-test", "Test: GPUs, EFA provider, Horovod with NCCL, one-node NCCL allreduce",
-              phases=("test",)),
+    Component("scaletrain", "scaletrain with its train extra in the training venv; PATH for logins",
+              downloads_source=True),
+    Component("image-test", "Test: GPUs, Fabric Manager on NVSwitch hosts, EFA provider, Horovod with NCCL, "
+              "one-node NCCL allreduce", phases=("test",)),
 )
 
 
@@ -142,6 +158,7 @@ def image_env(versions: Versions, base: str = "ubuntu") -> dict[str, str]:
         "SCALETRAIN_BASE": base,
         "SCALETRAIN_BASE_HAS_DRIVER": str(base_info(versions, base).has_nvidia_driver).lower(),
         "NVIDIA_DRIVER_VERSION": versions.nvidia_driver,
+        "NVIDIA_FABRICMANAGER_VERSION": versions.nvidia_fabricmanager,
         "CUDA_VERSION": versions.cuda,
         "CUDA_APT_PACKAGE": versions.cuda_apt_package,
         "NCCL_VERSION": versions.nccl,
@@ -156,6 +173,7 @@ def image_env(versions: Versions, base: str = "ubuntu") -> dict[str, str]:
         "HOROVOD_VERSION": versions.horovod,
         "BEEGFS_VERSION": versions.beegfs,
         "LUSTRE_CLIENT_VERSION": versions.lustre_client,
+        "AWS_CLI_VERSION": versions.aws_cli,
     } | paths.shell_env()
 
 
@@ -216,6 +234,7 @@ def ami_tags(versions: Versions, base: str) -> dict[str, str]:
         "image-version": versions.image_version,
         "base": base,
         "nvidia-driver": "from-base" if from_base else versions.nvidia_driver,
+        "nvidia-fabricmanager": "from-base" if from_base else versions.nvidia_fabricmanager,
         "cuda": "from-base" if from_base else versions.cuda,
         "nccl": versions.nccl,
         "efa-installer": versions.efa_installer,
@@ -226,6 +245,7 @@ def ami_tags(versions: Versions, base: str) -> dict[str, str]:
         "horovod": versions.horovod,
         "beegfs": versions.beegfs,
         "lustre-client": versions.lustre_client,
+        "aws-cli": versions.aws_cli,
     }
     return {f"{TAG_PREFIX}{k}": v for k, v in tags.items()}
 
@@ -233,6 +253,15 @@ def ami_tags(versions: Versions, base: str) -> dict[str, str]:
 def software_versions(tags: dict[str, str]) -> SoftwareVersions:
     """What an AMI's tags say about the software that decides the EFA/NCCL environment (launcher.efa)."""
     return versions_of({k.removeprefix(TAG_PREFIX): v for k, v in tags.items() if k.startswith(TAG_PREFIX)})
+
+
+def components_table() -> str:
+    """The Markdown table of components, in recipe order, that ami/README.md carries (checked by the tests)."""
+    def notes(c: Component) -> str:
+        return ((" (left out on a base with a driver)" if c.needs_driver_install else "")
+                + (" (test phase)" if c.phases == ("test",) else ""))
+    return "| component | what it installs |\n| --- | --- |\n" + "".join(
+        f"| `{c.script}` | {c.description}{notes(c)} |\n" for c in COMPONENTS)
 
 
 def versions_table(versions: Versions) -> str:

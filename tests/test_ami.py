@@ -103,14 +103,40 @@ def test_ami_tags_choose_the_efa_environment() -> None:
     tags = render.ami_tags(VERSIONS, "ubuntu")
     assert tags["scaletrain:nccl"] == VERSIONS.nccl and tags["scaletrain:horovod"] == "0.28.1"
     assert render.ami_tags(VERSIONS, "dlami")["scaletrain:nvidia-driver"] == "from-base"
+    assert tags["scaletrain:nvidia-fabricmanager"] == "570.172.08-1" and tags["scaletrain:aws-cli"] == VERSIONS.aws_cli
     env = efa.fabric_env(catalog.get("p4d.24xlarge"), render.software_versions(tags))
     # aws-ofi-nccl >= 1.7 with libfabric >= 1.18 needs neither FI_PROVIDER nor FI_EFA_USE_DEVICE_RDMA.
     assert env == {"FI_EFA_USE_HUGE_PAGE": "0"}
     assert "FI_EFA_USE_DEVICE_RDMA" in efa.fabric_env(catalog.get("p4d.24xlarge"), render.software_versions({}))
 
 
-def test_readme_table_is_the_versions_file() -> None:
-    assert render.versions_table(VERSIONS) in (ROOT / "ami" / "README.md").read_text()
+def test_readme_tables_are_the_versions_file_and_the_component_list() -> None:
+    readme = (ROOT / "ami" / "README.md").read_text()
+    assert render.versions_table(VERSIONS) in readme
+    assert render.components_table() in readme
+    assert "`aws-cli.sh`" in render.components_table() and "`fabricmanager.sh`" in render.components_table()
+
+
+def test_fabric_manager_is_pinned_at_the_drivers_version(tmp_path: Path) -> None:
+    assert VERSIONS.nvidia_fabricmanager == f"{VERSIONS.nvidia_driver}-1"
+    data = json.loads(render.VERSIONS_FILE.read_text()) | {"nvidia_fabricmanager": "570.133.20-1"}
+    (tmp_path / "v.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="not the driver's version 570.172.08"):
+        render.load_versions(tmp_path / "v.json")
+
+
+def test_fabric_manager_and_the_aws_cli_run_on_every_base() -> None:
+    for base in ("ubuntu", "dlami", "ami-0123456789abcdef0"):
+        keys = [c.key for c in render.components_for(VERSIONS, base)]
+        assert "fabricmanager" in keys and "aws-cli" in keys, base
+        if "nvidia" in keys:  # Fabric Manager follows the driver the recipe installs
+            assert keys.index("nvidia") < keys.index("fabricmanager")
+    fm = next(c for c in render.COMPONENTS if c.key == "fabricmanager")
+    assert render.component_env(VERSIONS, fm, base="dlami") == {
+        "NVIDIA_DRIVER_VERSION": VERSIONS.nvidia_driver, "NVIDIA_FABRICMANAGER_VERSION": "570.172.08-1",
+        "SCALETRAIN_BASE_HAS_DRIVER": "true"}
+    assert render.component_env(VERSIONS, next(c for c in render.COMPONENTS if c.key == "aws-cli")) == {
+        "AWS_CLI_VERSION": VERSIONS.aws_cli, "SCALETRAIN_AWS_CLI": paths.AWS_CLI}
 
 
 def test_scripts_read_the_image_paths_from_ami_paths() -> None:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,213 @@ class Host:
 
 def component_env(key: str, **kwargs) -> dict[str, str]:
     return render.component_env(VERSIONS, next(c for c in render.COMPONENTS if c.key == key), **kwargs)
+
+
+# --- fabricmanager.sh: Fabric Manager at the driver's version (issue 14, item 6) ------------------------------------
+
+# A Debian host: packages, holds and unit states live in $STATE.
+APT_FAKES = {
+    "apt-get": 'if [ "$1" = install ]; then for a in "$@"; do case "$a" in *=*)\n'
+               '  echo "${a#*=}" >"$STATE/pkg.${a%%=*}"; echo "${a#*=}" >"$STATE/fm-version" ;; esac; done; fi',
+    "dpkg-query": 'cat "$STATE/pkg.${!#}" 2>/dev/null | tr -d "\\n"',
+    "dpkg": 'case "$1" in -s) test -f "$STATE/pkg.$2" ;; -i) echo 1.1-1 >"$STATE/pkg.cuda-keyring" ;; esac',
+    "apt-mark": 'case "$1" in hold) shift; printf "%s\\n" "$@" >>"$STATE/held" ;;'
+                ' showhold) cat "$STATE/held" 2>/dev/null ;; esac; true',
+    "systemctl": 'case "$1" in enable) touch "$STATE/enabled.$2" ;; is-enabled) test -f "$STATE/enabled.${!#}" ;;'
+                 ' is-active) test -f "$STATE/active.${!#}" ;; *) exit 1 ;; esac',
+    "curl": 'while [ $# -gt 0 ]; do if [ "$1" = -o ]; then echo fake >"$2"; shift; fi; shift; done',
+    # Fabric Manager's binary reports the version of the package that put it there (revision stripped).
+    "nv-fabricmanager": 'test -f "$STATE/fm-version" || exit 127\n'
+                        'echo "Fabric Manager version is : $(sed "s/-[^-]*$//" "$STATE/fm-version")"',
+    "modinfo": 'test -n "$DRIVER" && echo "$DRIVER"',
+}
+
+
+@pytest.mark.parametrize(("base", "driver", "package"), [
+    ("ubuntu", VERSIONS.nvidia_driver, f"nvidia-fabricmanager-570={VERSIONS.nvidia_fabricmanager}"),
+    ("dlami", "535.183.01", "nvidia-fabricmanager-535=535.183.01-1"),     # the base's own driver decides
+    ("dlami", "580.95.05", "nvidia-fabricmanager=580.95.05-1"),            # R580 on: one package name
+])  # fmt: skip
+def test_fabric_manager_is_installed_at_the_drivers_version_held_and_enabled(tmp_path, base, driver, package) -> None:
+    host = Host(tmp_path, APT_FAKES)
+    env = {**component_env("fabricmanager", base=base), "DRIVER": driver}
+    build = host.run("fabricmanager.sh", "build", env)
+    assert build.returncode == 0, build.stderr
+    calls = host.called()
+    install = next(c for c in calls if c.startswith("apt-get install"))
+    assert install.endswith(f" {package}")
+    name = package.split("=")[0]
+    assert f"apt-mark hold {name}" in calls and "systemctl enable nvidia-fabricmanager" in calls
+    assert calls.index(install) < calls.index(f"apt-mark hold {name}")
+    validate = host.run("fabricmanager.sh", "validate", env)
+    assert validate.returncode == 0, validate.stderr
+    # A second build finds everything in place and installs nothing.
+    host.calls.write_text("")
+    assert host.run("fabricmanager.sh", "build", env).returncode == 0
+    assert not [c for c in host.called() if c.startswith("apt-get")]
+
+
+def test_fabric_manager_of_another_version_than_the_driver_fails_validation(tmp_path) -> None:
+    host = Host(tmp_path, APT_FAKES)
+    env = {**component_env("fabricmanager", base="dlami"), "DRIVER": "535.183.01"}
+    assert host.run("fabricmanager.sh", "build", env).returncode == 0
+    # The driver moved on (a kernel update rebuilt a newer DKMS module) while Fabric Manager stayed.
+    result = host.run("fabricmanager.sh", "validate", {**env, "DRIVER": "535.216.01"})
+    assert result.returncode == 1
+    assert "Fabric Manager is 535.183.01, the driver is 535.216.01: they must match" in result.stderr
+
+
+def test_fabric_manager_refuses_a_driver_the_recipe_did_not_install(tmp_path) -> None:
+    host = Host(tmp_path, APT_FAKES)
+    result = host.run("fabricmanager.sh", "build", {**component_env("fabricmanager"), "DRIVER": "550.90.07"})
+    assert result.returncode == 1
+    assert f"the nvidia module is 550.90.07, the recipe installed {VERSIONS.nvidia_driver}" in result.stderr
+    assert not [c for c in host.called() if c.startswith("apt-get install")]
+
+
+# --- image-test.sh: the test phase catches a host whose NVSwitches have no Fabric Manager (item 6) ------------------
+
+P4D_DRIVER = VERSIONS.nvidia_driver
+
+
+def image_test_host(tmp_path: Path) -> tuple[Host, dict[str, str]]:
+    """An 8-GPU host whose answers come from environment variables the test sets."""
+    host = Host(tmp_path, {
+        "nvidia-smi": (
+            'case "$*" in\n'
+            '  *--query-gpu=name*) for i in 1 2 3 4 5 6 7 8; do echo "$GPU"; done ;;\n'
+            '  *--query-gpu=driver_version*) for i in 1 2 3 4 5 6 7 8; do echo "$DRIVER"; done ;;\n'
+            '  -q) for i in 1 2 3 4 5 6 7 8; do printf "GPU 0000:%02d:00.0\\n    Persistence Mode : Enabled\\n" $i\n'
+            '        printf "    Fabric\\n        State : %s\\n        Status : %s\\n" "$FABRIC_STATE" N/A; done ;;\n'
+            '  *) exit 1 ;;\n'
+            'esac'),
+        "lspci": ('[ "$1" = -d ] && [ "$2" = "$NVSWITCH_ID" ] || exit 0\n'
+                  'for i in $(seq 1 "$NVSWITCHES"); do\n'
+                  '  echo "0$i:00.0 Bridge: NVIDIA Corporation Device ${2#*:}"; done'),
+        "systemctl": '[ "$1 $2 $3" = "is-active --quiet nvidia-fabricmanager" ] && [ "$FM_ACTIVE" = yes ]',
+        "nv-fabricmanager": 'echo "Fabric Manager version is : $FM_VERSION"',
+        "horovodrun": 'echo "Available Tensor Operations:"; echo "    [X] NCCL"',
+        "fi_info": "echo 'provider: efa'",
+        "sleep": "true",
+    })
+    nccl_tests = tmp_path / "nccl-tests"
+    (nccl_tests / "build").mkdir(parents=True)
+    perf = nccl_tests / "build" / "all_reduce_perf"
+    perf.write_text('#!/usr/bin/env bash\necho "all_reduce_perf $*" >>"$CALLS"\n'
+                    'echo "# Out of bounds values : 0 OK"\necho "# Avg bus bandwidth    : 200.1"\n')
+    perf.chmod(0o755)
+    env = {**component_env("image-test"), "SCALETRAIN_BIN_PATH": str(host.bin),
+           "SCALETRAIN_NCCL_TESTS_ROOT": str(nccl_tests), "GPU": "NVIDIA A100-SXM4-40GB", "DRIVER": P4D_DRIVER,
+           "FM_VERSION": P4D_DRIVER, "FM_ACTIVE": "yes", "NVSWITCH_ID": "10de:1af1", "NVSWITCHES": "6",
+           "FABRIC_STATE": "N/A"}
+    return host, env
+
+
+@pytest.mark.parametrize(("case", "error"), [
+    ({"FM_ACTIVE": "no"}, "6 NVSwitch(es) but nvidia-fabricmanager is not running: CUDA cannot initialise"),
+    ({"FM_VERSION": "570.133.20"},
+     f"Fabric Manager 570.133.20 with driver {P4D_DRIVER}: they must be the same version"),
+    ({"NVSWITCH_ID": "10de:22a3", "NVSWITCHES": "4", "GPU": "NVIDIA H100 80GB HBM3", "FABRIC_STATE": "In Progress"},
+     "GPUs have not joined the NVSwitch fabric"),
+    ({"NVSWITCH_ID": "10de:22a3", "NVSWITCHES": "4", "FM_ACTIVE": "no"}, "4 NVSwitch(es) but nvidia-fabricmanager"),
+])  # fmt: skip
+def test_image_test_fails_on_an_nvswitch_host_without_a_matching_fabric_manager(tmp_path, case, error) -> None:
+    host, env = image_test_host(tmp_path)
+    result = host.run("image-test.sh", None, {**env, **case})
+    assert result.returncode == 1, result.stdout
+    assert error in result.stderr
+    assert not [c for c in host.called() if c.startswith("all_reduce_perf")]
+
+
+@pytest.mark.parametrize("case", [
+    {},                                                                     # p4d: 6 NVSwitches, Fabric Manager up
+    {"NVSWITCH_ID": "10de:22a3", "NVSWITCHES": "4", "FABRIC_STATE": "Completed"},   # p5
+    {"NVSWITCHES": "0", "FM_ACTIVE": "no"},                                 # g5: no NVSwitch, nothing to manage
+])  # fmt: skip
+def test_image_test_passes_where_the_fabric_is_up_or_absent(tmp_path, case) -> None:
+    host, env = image_test_host(tmp_path)
+    result = host.run("image-test.sh", None, {**env, **case})
+    assert result.returncode == 0, result.stderr
+    assert "all_reduce_perf -b 8 -e 64M -f 2 -g 8" in host.called()
+    expected = "Fabric Manager check skipped" if case.get("NVSWITCHES") == "0" else "Fabric Manager 570.172.08 running"
+    assert expected in result.stdout
+
+
+# --- aws-cli.sh: AWS CLI v2 from AWS's signed installer (item 7) ----------------------------------------------------
+
+AWS_CLI_TEAM_KEY = "FB5DB77FD5C118B80511ADA8A6310ACC4672475C"  # the AWS CLI User Guide's fingerprint
+
+
+def gpg(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    home.mkdir(mode=0o700, exist_ok=True)
+    return subprocess.run(["gpg", "--homedir", str(home), "--batch", *args], input=stdin, capture_output=True,
+                          text=True, timeout=120)
+
+
+def embedded_key() -> str:
+    text = (COMPONENTS / "aws-cli.sh").read_text()
+    return text[text.index("-----BEGIN PGP PUBLIC KEY BLOCK-----"):text.index("-----END PGP PUBLIC KEY BLOCK-----")
+                + len("-----END PGP PUBLIC KEY BLOCK-----")] + "\n"
+
+
+@pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg is not installed")
+def test_the_embedded_key_is_the_aws_cli_teams(tmp_path) -> None:
+    shown = gpg(tmp_path / "gnupg", "--with-colons", "--show-keys", stdin=embedded_key())
+    assert shown.returncode == 0, shown.stderr
+    fingerprints = [line.split(":")[9] for line in shown.stdout.splitlines() if line.startswith("fpr:")]
+    assert fingerprints == [AWS_CLI_TEAM_KEY]
+    assert "AWS CLI Team <aws-cli@amazon.com>" in shown.stdout
+    assert f"KEY_FINGERPRINT={AWS_CLI_TEAM_KEY}" in (COMPONENTS / "aws-cli.sh").read_text()
+
+
+def aws_cli_host(tmp_path: Path) -> tuple[Host, dict[str, str]]:
+    """curl serves an installer zip (whose aws/install would drop a marker) and the signature in $SIGNATURE."""
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    with zipfile.ZipFile(payload / "awscli.zip", "w") as z:
+        info = zipfile.ZipInfo("aws/install")
+        info.external_attr = 0o755 << 16
+        z.writestr(info, '#!/usr/bin/env bash\necho "aws/install $*" >>"$CALLS"\ntouch "$STATE/installed"\n')
+    host = Host(tmp_path, {"curl": (
+        'out=; url=; while [ $# -gt 0 ]; do case "$1" in -o) out=$2; shift ;; -*) ;; *) url=$1 ;; esac; shift; done\n'
+        f'case "$url" in *.sig) cp "$SIGNATURE" "$out" ;; *) cp {payload}/awscli.zip "$out" ;; esac')})
+    env = {**component_env("aws-cli"), "SCALETRAIN_AWS_CLI": str(tmp_path / "usr-local-bin" / "aws")}
+    return host, env
+
+
+@pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg is not installed")
+def test_an_installer_not_signed_by_aws_is_refused(tmp_path) -> None:
+    host, env = aws_cli_host(tmp_path)
+    other = tmp_path / "other-gnupg"
+    assert gpg(other, "--passphrase", "", "--quick-gen-key", "Mallory <m@example.com>", "rsa2048", "sign",
+               "1d").returncode == 0
+    signed = gpg(other, "--detach-sign", "-o", str(tmp_path / "bad.sig"), str(tmp_path / "payload" / "awscli.zip"))
+    assert signed.returncode == 0, signed.stderr
+    result = host.run("aws-cli.sh", "build", {**env, "SIGNATURE": str(tmp_path / "bad.sig")})
+    assert result.returncode == 1
+    assert (f"https://awscli.amazonaws.com/awscli-exe-linux-x86_64-{VERSIONS.aws_cli}.zip is not signed by the AWS "
+            f"CLI Team key {AWS_CLI_TEAM_KEY}") in result.stderr
+    assert not (host.state / "installed").exists()
+    urls = [c for c in host.called() if c.startswith("curl")]
+    assert [u.rsplit(" ", 1)[-1] for u in urls] == [
+        f"https://awscli.amazonaws.com/awscli-exe-linux-x86_64-{VERSIONS.aws_cli}.zip",
+        f"https://awscli.amazonaws.com/awscli-exe-linux-x86_64-{VERSIONS.aws_cli}.zip.sig"]
+
+
+@pytest.mark.parametrize(("version_line", "ok"), [
+    (f"aws-cli/{VERSIONS.aws_cli} Python/3.13.7 Linux/6.8.0-1029-aws exe/x86_64.ubuntu.22", True),
+    ("aws-cli/1.36.40 Python/3.10.12 Linux/6.8.0-1029-aws botocore/1.35.99", False),   # v1 from pip or apt
+])  # fmt: skip
+def test_the_aws_cli_is_checked_by_its_version(tmp_path, version_line, ok) -> None:
+    host, env = aws_cli_host(tmp_path)
+    aws = Path(env["SCALETRAIN_AWS_CLI"])
+    aws.parent.mkdir()
+    aws.write_text(f"#!/usr/bin/env bash\necho '{version_line}'\n")
+    aws.chmod(0o755)
+    result = host.run("aws-cli.sh", "validate", env)
+    assert (result.returncode == 0) is ok, result.stderr
+    if not ok:
+        assert f"expected aws-cli/{VERSIONS.aws_cli}" in result.stderr
 
 
 # --- aws-ofi-nccl.sh: hwloc headers before configure (item 10) ------------------------------------------------------

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The image's test phase, on an instance started from the new image: GPUs visible, the EFA provider where the
-# instance has EFA devices, Horovod built with NCCL, and a one-node NCCL allreduce with correct results.
+# The image's test phase, on an instance started from the new image: GPUs visible, Fabric Manager running at the
+# driver's version where the host has NVSwitches, the EFA provider where the instance has EFA devices, Horovod
+# built with NCCL, and a one-node NCCL allreduce with correct results.
 # Reads: SCALETRAIN_BIN_PATH, SCALETRAIN_LIB_PATH, SCALETRAIN_NCCL_TESTS_ROOT (ami/paths.py).
 set -euo pipefail
 : "${SCALETRAIN_BIN_PATH:?set by the Image Builder component from ami/paths.py}"
@@ -11,7 +12,42 @@ export LD_LIBRARY_PATH="$SCALETRAIN_LIB_PATH"
 
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 [ "$gpus" -ge 1 ] || { echo "error: nvidia-smi lists no GPU" >&2; exit 1; }
-echo "GPUs: $gpus"
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | awk 'NR == 1')
+echo "GPUs: $gpus, driver $driver"
+
+# NVSwitches: the PCI ids AWS ParallelCluster counts to decide a host needs Fabric Manager, 10de:1af1 on P4d/P4de
+# (A100) and 10de:22a3 on P5/P5e/P5en (H100/H200) (aws/aws-parallelcluster-cookbook,
+# resources/fabric_manager/partial/_fabric_manager_common.rb, get_nvswitches). There CUDA does not initialise until
+# Fabric Manager, at exactly the driver's version, has set up the fabric (NVIDIA Fabric Manager User Guide,
+# https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/index.html).
+nvswitches=$(( $(lspci -d 10de:1af1 | wc -l) + $(lspci -d 10de:22a3 | wc -l) ))
+if [ "$nvswitches" -gt 0 ]; then
+    systemctl is-active --quiet nvidia-fabricmanager \
+        || { echo "error: $nvswitches NVSwitch(es) but nvidia-fabricmanager is not running: CUDA cannot" \
+                  "initialise on this host (systemctl status nvidia-fabricmanager)" >&2; exit 1; }
+    fm=$(nv-fabricmanager -v | awk '/[Vv]ersion/ {v = $NF} END {print v}')
+    [ "$fm" = "$driver" ] \
+        || { echo "error: Fabric Manager $fm with driver $driver: they must be the same version" >&2; exit 1; }
+    # Hopper and later report the GPU's fabric registration in `nvidia-smi -q` (Fabric: State Completed, Status
+    # Success); it is In Progress for a moment after Fabric Manager starts.
+    fabric_states() {
+        nvidia-smi -q | awk '/^[[:space:]]*Fabric[[:space:]]*$/ {f = 1; next}
+                             f && /^[[:space:]]*State[[:space:]]*:/ {sub(/^[^:]*:[[:space:]]*/, ""); print; f = 0}'
+    }
+    for _ in $(seq 1 60); do
+        states=$(fabric_states)
+        grep -qE '^(In Progress|Not Started)' <<<"$states" || break
+        sleep 2
+    done
+    if grep -qE '^(In Progress|Not Started)' <<<"$states"; then
+        echo "error: GPUs have not joined the NVSwitch fabric (nvidia-smi -q, Fabric State):" >&2
+        sort <<<"$states" | uniq -c >&2
+        exit 1
+    fi
+    echo "NVSwitches: $nvswitches, Fabric Manager $fm running"
+else
+    echo "NVSwitches: none on this instance type, Fabric Manager check skipped"
+fi
 
 if compgen -G '/sys/class/infiniband/*' >/dev/null; then
     # grep without -q reads all of fi_info's output: under pipefail an early exit could fail it with SIGPIPE.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # NVIDIA driver (DKMS, so it is rebuilt for a new kernel) and the CUDA toolkit. Not part of the recipe on a
 # base that ships a driver (the Deep Learning Base AMI); see ami/render.py.
+# Fabric Manager, which NVSwitch hosts need at exactly this driver's version, is the next component
+# (fabricmanager.sh), which also runs on a base that brought its own driver.
 # Reads: NVIDIA_DRIVER_VERSION, NVIDIA_KERNEL_MODULE_TYPE (open|proprietary), CUDA_VERSION, CUDA_APT_PACKAGE;
 # SCALETRAIN_CUDA_HOME (ami/paths.py).
 set -euo pipefail
