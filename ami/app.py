@@ -1,7 +1,9 @@
-"""CDK entry point of the image stack: ``npx cdk deploy --app ".venv/bin/python ami/app.py"`` builds the image.
+"""CDK entry point of the image stack: ``npx cdk deploy --app ".venv/bin/python ami/app.py"`` builds the image and
+publishes its id where cluster stacks find it (ami.paths.image_id_parameter).
 
 Context: ``base`` (ubuntu, dlami, or an AMI id), ``build_instance_type`` (default g5.xlarge),
-``nvidia_kernel_modules`` (open, or proprietary for V100), ``root_volume_gib``, ``region``, ``stack_name``.
+``nvidia_kernel_modules`` (open, or proprietary for V100: p3, p3dn), ``root_volume_gib`` (default 200; cluster nodes
+get the image's size), ``region``, ``stack_name`` (default scaletrain-image, or scaletrain-image-proprietary).
 Bad context ends with one ``error: ...`` line and exit status 1.
 """
 
@@ -39,16 +41,22 @@ def spec_from_context(app: App) -> ImageSpec:
         key = str(first["loc"][0]) if first["loc"] else "context"
         raise SpecError(f"{key}={values.get(key)!r}: {first['msg'].lower()}") from None
     try:
-        render.base_info(render.load_versions(), spec.base)
+        base = render.base_info(render.load_versions(), spec.base)
     except ValueError as e:
         raise SpecError(str(e)) from None
+    if base.has_nvidia_driver and spec.nvidia_kernel_modules == "proprietary":
+        # The driver component is left out on a base that has a driver, so the image would keep the base's open
+        # modules while being published as the proprietary build V100 clusters resolve.
+        raise SpecError(f"nvidia_kernel_modules='proprietary': base={spec.base!r} brings its own driver with the open "
+                        "kernel modules; allowed: base=ubuntu or an AMI id without a driver, where the image installs "
+                        "the proprietary one")
     return spec
 
 
 def build(context: dict[str, Any] | None = None, *, outdir: str | None = None) -> tuple[App, ImageStack]:
     app = App(context=context, outdir=outdir)
     spec = spec_from_context(app)
-    stack = ImageStack(app, spec.stack_name, spec=spec, versions=render.load_versions(),
+    stack = ImageStack(app, spec.name, spec=spec, versions=render.load_versions(),
                        env=Environment(region=spec.region))
     Aspects.of(app).add(AwsSolutionsChecks())
     return app, stack

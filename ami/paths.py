@@ -71,3 +71,12 @@ def path_export() -> str:
 # its default image at deploy time (an SSM String parameter of data type aws:ec2:image:
 # https://docs.aws.amazon.com/systems-manager/latest/userguide/parameter-store-ec2-aliases.html).
 IMAGE_ID_PARAMETER = "/scaletrain/image/ami-id"
+# The image built with NVIDIA's proprietary kernel modules publishes to its own parameter. V100 GPUs (p3, p3dn) need
+# those modules: the open ones drive Turing and newer only (https://github.com/NVIDIA/open-gpu-kernel-modules,
+# "Supported GPUs"), so a V100 cluster resolves this one and never an image whose driver cannot load on it.
+IMAGE_ID_PARAMETER_PROPRIETARY = "/scaletrain/image-proprietary/ami-id"
+
+
+def image_id_parameter(nvidia_kernel_modules: str) -> str:
+    """Where an image built with ``nvidia_kernel_modules`` (open or proprietary) is published."""
+    return IMAGE_ID_PARAMETER_PROPRIETARY if nvidia_kernel_modules == "proprietary" else IMAGE_ID_PARAMETER

@@ -1,9 +1,11 @@
 """The image stack: one EC2 Image Builder pipeline whose components are ami/components/*.sh, and the image itself.
 
 ``cdk deploy`` creates the components (rendered from ami/versions.json by ami/render.py), the recipe on the
-chosen base, the build infrastructure and a distribution that tags the AMI with its versions, the pipeline (for
-later rebuilds) and one ``AWS::ImageBuilder::Image``, so the deploy builds, validates and tests an image and
-outputs its id. Synth makes no AWS call: the base resolves from its public SSM parameter at build time.
+chosen base, the build infrastructure and a distribution that tags the AMI with its versions and publishes its id to
+the SSM parameter cluster stacks resolve their default image from (:func:`ami.paths.image_id_parameter`), the
+pipeline (for later rebuilds, which publish the same way) and one ``AWS::ImageBuilder::Image``, so the deploy builds,
+validates and tests an image and outputs its id. Synth makes no AWS call: the base resolves from its public SSM
+parameter at build time.
 """
 
 from __future__ import annotations
@@ -19,12 +21,18 @@ from cdk_nag import NagSuppressions
 from constructs import Construct
 from pydantic import BaseModel, ConfigDict, Field
 
-from ami import render
+from ami import paths, render
 
 ROOT = render.HERE.parent
 # The project's source archive: what `pip install` needs on the image, nothing the user built locally.
 SOURCE_EXCLUDE = [".git", ".venv", "node_modules", "cdk.out", "**/cdk.out", "runs", "reports", "*.egg-info",
                   "**/__pycache__", "tests", "docs", "bench", ".ci", "*.pyc"]
+# The image's root volume. A cluster's nodes get a root volume of the image's own size unless told otherwise
+# (infra/compute.py leaves VolumeSize out), so whatever this is, the image launches: EC2 refuses a volume smaller
+# than its snapshot. 200 GiB: the cluster's root volume before it followed the image, room for the CUDA stack,
+# the venv and the EFA software and, beside them, logs, checkpoints and caches on the node.
+ROOT_VOLUME_GIB = 200
+TAG_KERNEL_MODULES = f"{render.TAG_PREFIX}nvidia-kernel-modules"
 
 
 class ImageSpec(BaseModel):
@@ -32,19 +40,32 @@ class ImageSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    stack_name: str = Field(default="scaletrain-image", pattern=r"^[A-Za-z][A-Za-z0-9-]{0,100}$")
+    stack_name: str = Field(default="", pattern=r"^([A-Za-z][A-Za-z0-9-]{0,100})?$",
+                            description="empty: scaletrain-image, or scaletrain-image-proprietary for that build")
     region: str = Field(default="us-east-1", pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$")
     base: str = Field(default="ubuntu", description="ubuntu, dlami, or an AMI id")
     build_instance_type: str = Field(default="g5.xlarge", pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
     nvidia_kernel_modules: str = Field(default="open", pattern=r"^(open|proprietary)$")
-    root_volume_gib: int = Field(default=100, ge=60, le=2000)
+    root_volume_gib: int = Field(default=ROOT_VOLUME_GIB, ge=60, le=2000)
+
+    @property
+    def name(self) -> str:
+        """The stack's name: the two builds (open, proprietary kernel modules) are two stacks, two images."""
+        if self.stack_name:
+            return self.stack_name
+        return "scaletrain-image" + ("-proprietary" if self.nvidia_kernel_modules == "proprietary" else "")
+
+    @property
+    def image_parameter(self) -> str:
+        """Where this build publishes its AMI id (the cluster stack resolves its default image there)."""
+        return paths.image_id_parameter(self.nvidia_kernel_modules)
 
 
 class ImageStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, spec: ImageSpec, versions: render.Versions,
                  **kwargs: Any) -> None:
         super().__init__(scope, construct_id, description="scaletrain training image (EC2 Image Builder)", **kwargs)
-        prefix = spec.stack_name
+        prefix = spec.name
         source = assets.Asset(self, "Source", path=str(ROOT), exclude=SOURCE_EXCLUDE)
 
         logs = s3.Bucket(self, "BuildLogs", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
@@ -89,6 +110,10 @@ class ImageStack(Stack):
                 s3_logs=imagebuilder.CfnInfrastructureConfiguration.S3LogsProperty(
                     s3_bucket_name=logs.bucket_name, s3_key_prefix="image-builder")))
 
+        # Every image this distribution makes (the deploy's, and each pipeline rebuild) writes its AMI id to the
+        # parameter, creating or updating it, as data type aws:ec2:image
+        # (https://docs.aws.amazon.com/imagebuilder/latest/APIReference/API_SsmParameterConfiguration.html;
+        # https://docs.aws.amazon.com/systems-manager/latest/userguide/parameter-store-ec2-aliases.html).
         distribution = imagebuilder.CfnDistributionConfiguration(
             self, "Distribution", name=prefix,
             distributions=[imagebuilder.CfnDistributionConfiguration.DistributionProperty(
@@ -96,7 +121,11 @@ class ImageStack(Stack):
                 ami_distribution_configuration={
                     "Name": f"{prefix}-{{{{ imagebuilder:buildDate }}}}",
                     "Description": f"scaletrain training image {versions.image_version} on {spec.base}",
-                    "AmiTags": render.ami_tags(versions, spec.base)})])
+                    "AmiTags": {**render.ami_tags(versions, spec.base),
+                                TAG_KERNEL_MODULES: spec.nvidia_kernel_modules}},
+                ssm_parameter_configurations=[
+                    imagebuilder.CfnDistributionConfiguration.SsmParameterConfigurationProperty(
+                        parameter_name=spec.image_parameter, data_type="aws:ec2:image")])])
 
         tests = imagebuilder.CfnImagePipeline.ImageTestsConfigurationProperty(image_tests_enabled=True,
                                                                               timeout_minutes=120)
@@ -112,7 +141,9 @@ class ImageStack(Stack):
                 image_tests_enabled=True, timeout_minutes=120))
 
         CfnOutput(self, "ImageId", value=image.attr_image_id,
-                  description="the AMI: npx cdk deploy -c ami=<this> builds clusters on it")
+                  description=f"the AMI, also published to SSM {spec.image_parameter}, where clusters find it")
+        CfnOutput(self, "ImageParameter", value=spec.image_parameter,
+                  description="SSM parameter every build of this pipeline writes its AMI id to")
         CfnOutput(self, "ParentImage", value=parent)
 
         NagSuppressions.add_resource_suppressions(role, [

@@ -21,14 +21,14 @@ elif str(_ROOT) not in sys.path:
 from aws_cdk import App, Aspects, Environment  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
-from infra.spec import CONTEXT_KEYS, ClusterSpec, SpecError  # noqa: E402
+from infra.spec import READ_KEYS, ClusterSpec, SpecError  # noqa: E402
 from infra.stack import ClusterStack  # noqa: E402
 
 
 def build(context: dict[str, Any] | None = None, *, outdir: str | None = None) -> tuple[App, ClusterStack]:
     """The app and its one stack. ``context`` overrides what the CLI passes (tests use it)."""
     app = App(context=context, outdir=outdir)
-    spec = ClusterSpec.from_context({key: app.node.try_get_context(key) for key in CONTEXT_KEYS})
+    spec = ClusterSpec.from_context({key: app.node.try_get_context(key) for key in READ_KEYS})
     # Region only: the account stays agnostic, so synth needs no credentials and makes no AWS calls.
     stack = ClusterStack(app, spec.cluster_name, spec=spec, env=Environment(region=spec.region))
     Aspects.of(app).add(AwsSolutionsChecks())

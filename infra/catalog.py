@@ -103,8 +103,9 @@ class InstanceType(BaseModel):
     def needs_proprietary_driver(self) -> bool:
         """True for GPUs NVIDIA's open kernel modules do not drive (before Turing: the V100).
 
-        The AWS Deep Learning Base *OSS* Nvidia Driver AMIs ship the open modules, so these types need an
-        image with the proprietary driver (``-c ami=...``).
+        The project's default image build (and the Deep Learning Base *OSS* Nvidia Driver AMIs) ship the open
+        modules, so these types resolve the image built with ``-c nvidia_kernel_modules=proprietary``
+        (:data:`ami.paths.IMAGE_ID_PARAMETER_PROPRIETARY`; ``infra.spec.ClusterSpec.image_parameter``).
         """
         return self.gpu_model in _PROPRIETARY_DRIVER_ONLY
 

@@ -1,9 +1,9 @@
 """Compute: the nodes' identity, and one node group (launch template + Auto Scaling group) per role.
 
-Every node group launches into the one cluster placement group and the one node subnet. The launch template
-carries what a node needs to train at full network speed on the first try: one interface per EFA network card
-in the layout :mod:`infra.layout` decides, the node security group on every interface, no public address,
-IMDSv2 only, and an encrypted root volume.
+Every node group launches into the one node subnet and, unless a Capacity Block places the nodes itself, the one
+cluster placement group. The launch template carries what a node needs to train at full network speed on the first
+try: one interface per EFA network card in the layout :mod:`infra.layout` decides, the node security group on every
+interface, no public address, IMDSv2 only, and an encrypted root volume of the image's own size (or larger).
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ from constructs import Construct
 from infra.catalog import InstanceType
 from infra.layout import Interface
 
-# The Deep Learning Base AMI is ~75 GiB of CUDA stacks; 200 GiB leaves room for logs, checkpoints and pip caches.
-# Must be at least the image's snapshot size, or the launch fails.
-ROOT_VOLUME_GIB = 200
 TAG_CLUSTER = "scaletrain:cluster"
 TAG_ROLE = "scaletrain:role"
 
@@ -32,11 +29,17 @@ def network_interfaces(
 ) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
     """The launch template's interfaces for ``layout``, each in the node group and without a public address.
 
-    AWS refuses public addresses on instances with several interfaces, and nothing here should be reachable
-    from the internet anyway, so every interface says so explicitly. A plain single interface leaves
+    ``AssociatePublicIpAddress`` is set (to false) only on a single interface: EC2 rejects the parameter
+    (InvalidParameterCombination) when an instance launches with more than one network interface, whatever its
+    value ("You cannot specify more than one network interface in the request":
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_InstanceNetworkInterfaceSpecification.html,
+    AssociatePublicIpAddress). Leaving it out costs nothing: the node subnet is private and isolated, with
+    ``MapPublicIpOnLaunch`` false, so no interface gets a public address. A plain single interface leaves
     ``NetworkCardIndex`` and ``InterfaceType`` at their defaults (card 0, ENA).
     """
-    common = {"groups": [security_group_id], "associate_public_ip_address": False, "delete_on_termination": True}
+    common: dict[str, object] = {"groups": [security_group_id], "delete_on_termination": True}
+    if len(layout) == 1:
+        common["associate_public_ip_address"] = False
     result = []
     for interface in layout:
         if interface.interface_type == "interface":
@@ -112,13 +115,16 @@ class NodeGroup(Construct):
         layout: Sequence[Interface],
         subnet: ec2.ISubnet,
         security_group: ec2.ISecurityGroup,
-        placement_group_name: str,
+        placement_group_name: str | None,
         identity: NodeIdentity,
         image_id: str,
         root_device: str,
+        root_volume_gib: int | None,
         spot: bool,
         capacity_reservation_id: str | None,
+        capacity_block: bool = False,
     ) -> None:
+        """``root_volume_gib`` None: the image's root size; ``capacity_block``: the reservation is a Capacity Block."""
         super().__init__(scope, construct_id)
         capacity = (
             ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
@@ -127,6 +133,16 @@ class NodeGroup(Construct):
                 )
             )
             if capacity_reservation_id
+            else None
+        )
+        # A Capacity Block is used only by a launch that asks for its market type and targets its reservation
+        # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html: "Purchasing option:
+        # Capacity Blocks", --instance-market-options MarketType=capacity-block; in a launch template
+        # InstanceMarketOptions.MarketType capacity-block with the reservation targeted:
+        # https://docs.aws.amazon.com/autoscaling/ec2/userguide/launch-template-capacity-blocks.html).
+        market = (
+            ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(market_type="capacity-block")
+            if capacity_block
             else None
         )
         self.launch_template = ec2.CfnLaunchTemplate(
@@ -143,8 +159,12 @@ class NodeGroup(Construct):
                 block_device_mappings=[
                     ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
                         device_name=root_device,
+                        # No size: the volume is the image's root snapshot's size, which is what the image was
+                        # built with (ami/ root_volume_gib), so any image launches. A size given must be at least
+                        # the snapshot's (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EbsBlockDevice.html,
+                        # VolumeSize: "the default is the snapshot size ... equal to or larger than the snapshot size").
                         ebs=ec2.CfnLaunchTemplate.EbsProperty(
-                            volume_size=ROOT_VOLUME_GIB,
+                            volume_size=root_volume_gib,
                             volume_type="gp3",
                             encrypted=True,
                             delete_on_termination=True,
@@ -153,6 +173,7 @@ class NodeGroup(Construct):
                 ],
                 monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
                 capacity_reservation_specification=capacity,
+                instance_market_options=market,
                 tag_specifications=[
                     ec2.CfnLaunchTemplate.TagSpecificationProperty(
                         resource_type=resource_type,

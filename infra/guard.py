@@ -1,22 +1,27 @@
 """Guard: the stack deletes itself ``ttl_hours`` after it was deployed, even if no one is watching.
 
-Three pieces, all in the stack:
+Four pieces, all in the stack:
 
 - the guard function (:mod:`infra.guard_function`, inlined, no asset to upload);
 - a ``Custom::TtlClock`` resource backed by that function, which computes the expiry *at deploy time*
   (synthesis stays deterministic), once the node groups and the file system exist, and refuses a deploy the
   guard could not undo (a stack without a CloudFormation service role);
-- an EventBridge Scheduler schedule that starts at the expiry and from then on invokes the function every
-  :data:`RETRY_MINUTES` minutes with ``{"action": "expire"}``. The function calls DeleteStack, and
-  CloudFormation deletes everything with the stack's own service role (the CDK bootstrap's execution role), so
-  the function itself may only describe and delete this one stack. A one-time ``at(...)`` schedule would fire
-  once: if that DeleteStack failed (the stack mid-update, a deletion that failed and needs another try), the
-  cluster would run on. The repeating schedule retries until the stack, the schedule with it, is gone;
-  DeleteStack on a stack already being deleted changes nothing.
+- an SSM String parameter (:func:`infra.ttl.parameter_name`) that holds the expiry: the clock's at deploy, a later
+  one once the launcher extended it;
+- an EventBridge Scheduler schedule that starts at the deploy-time expiry and from then on invokes the function
+  every :data:`RETRY_MINUTES` minutes with ``{"action": "expire"}``. The function reads the parameter and, once
+  that time has passed, calls DeleteStack; CloudFormation deletes everything with the stack's own service role
+  (the CDK bootstrap's execution role), so the function itself may only read the parameter and describe and
+  delete this one stack. A one-time ``at(...)`` schedule would fire once: if that DeleteStack failed (the stack
+  mid-update, a deletion that failed and needs another try), the cluster would run on. The repeating schedule
+  retries until the stack, the schedule with it, is gone; DeleteStack on a stack already being deleted changes
+  nothing.
 
-The launcher extends the TTL by moving the schedule's start (GetSchedule, then UpdateSchedule with a later
-``StartDate``), using the ``TtlScheduleName`` and ``TtlScheduleGroup`` outputs. Changing ``ttl_hours`` and
-redeploying restarts the clock from that deploy; a redeploy that leaves ``ttl_hours`` alone keeps the expiry.
+The launcher extends the TTL by writing a later time to the parameter (``ssm:PutParameter``, see
+:data:`infra.ttl.EXTEND_PERMISSIONS`); the schedule itself is never updated, so extending needs no
+``iam:PassRole`` on the scheduler's role (:mod:`infra.ttl` says why UpdateSchedule would). Changing ``ttl_hours``
+and redeploying restarts the clock from that deploy (the parameter's value changes with the clock's); a redeploy
+that leaves ``ttl_hours`` alone leaves the clock, the parameter and any extension as they are.
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from aws_cdk import Aws, CustomResource, Duration, RemovalPolicy
+from aws_cdk import Aws, CustomResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_ssm as ssm
 from constructs import Construct, IConstruct
+
+from infra import ttl
 
 FUNCTION_SOURCE = Path(__file__).with_name("guard_function.py")
 INLINE_CODE_LIMIT = 4096  # bytes CloudFormation accepts in a Lambda ZipFile
@@ -47,7 +55,8 @@ def guard_source() -> str:
 
 
 class CostGuard(Construct):
-    """Deletes the stack at deploy time + ``ttl_hours``; exposes the expiry and the schedule's name and group."""
+    """Deletes the stack at deploy time + ``ttl_hours`` (or the later time the launcher wrote to the parameter);
+    exposes the expiry, the parameter and the schedule's name and group."""
 
     def __init__(
         self,
@@ -55,6 +64,7 @@ class CostGuard(Construct):
         construct_id: str,
         *,
         ttl_hours: float,
+        cluster_name: str,
         schedule_name: str,
         starts_after: Sequence[IConstruct],
     ) -> None:
@@ -67,7 +77,7 @@ class CostGuard(Construct):
             self,
             "FunctionRole",
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description="scaletrain cost guard: describe and delete this one stack, write its own logs",
+            description="scaletrain cost guard: read its expiry, describe and delete this one stack, write its logs",
         )
         function_role.add_to_policy(
             iam.PolicyStatement(
@@ -75,6 +85,13 @@ class CostGuard(Construct):
             )
         )
         self.log_group.grant_write(function_role)
+        self.parameter_name = ttl.parameter_name(cluster_name)
+        # The ARN from the name, not from the parameter resource: the parameter's value comes from the clock, which
+        # this function answers, and the function waits for its role's policy; a reference would close the loop.
+        parameter_arn = Stack.of(self).format_arn(
+            service="ssm", resource="parameter", resource_name=self.parameter_name.lstrip("/")
+        )
+        function_role.add_to_policy(iam.PolicyStatement(actions=["ssm:GetParameter"], resources=[parameter_arn]))
         self.function = lambda_.Function(
             self,
             "Function",
@@ -86,7 +103,7 @@ class CostGuard(Construct):
             memory_size=128,
             role=function_role,
             log_group=self.log_group,
-            environment={"STACK_ID": Aws.STACK_ID},
+            environment={"STACK_ID": Aws.STACK_ID, "TTL_PARAMETER": self.parameter_name},
         )
 
         self.clock = CustomResource(
@@ -98,6 +115,17 @@ class CostGuard(Construct):
         )
         self.clock.node.add_dependency(*starts_after)
         self.expires_at = self.clock.get_att_string("ExpiresAt")
+
+        # Written by CloudFormation when the clock's ExpiresAt changes (a deploy that changes ttl_hours), and by the
+        # launcher to extend; CloudFormation leaves a value the launcher wrote alone while ExpiresAt stays the same.
+        self.parameter = ssm.StringParameter(
+            self,
+            "Expiry",
+            parameter_name=self.parameter_name,
+            string_value=self.expires_at,
+            description="scaletrain cost guard: the stack deletes itself from this time (UTC) on; "
+            "launch status --extend-ttl writes a later one",
+        )
 
         scheduler_role = iam.Role(
             self,

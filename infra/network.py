@@ -18,7 +18,7 @@ SSM_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
 class Network(Construct):
     """VPC, private isolated node subnet, S3 gateway endpoint, SSM interface endpoints and flow logs.
 
-    No NAT gateway and no internet gateway: the image (the Deep Learning Base AMI or ``ami``) carries the
+    No NAT gateway and no internet gateway: the image (the project's own, built by ami/, or ``ami``) carries the
     whole software stack, operators reach nodes through SSM Session Manager over the interface endpoints,
     and data comes from S3 over the gateway endpoint. Nothing in the node subnet can reach the internet
     or be reached from it, and there is no NAT to pay for by the hour.

@@ -9,14 +9,17 @@ from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 HTTPS = ec2.Port.tcp(443)
-SSH = ec2.Port.tcp(22)
 # Lustre's LNet port and the ports its servers and clients connect from
 # (https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html).
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
 
 
 class NodeSecurity(Construct):
-    """One group for every node: all traffic to and from itself, HTTPS out, SSH in only from ``ssh_cidr``.
+    """One group for every node: all traffic to and from itself, HTTPS out, nothing in from outside the group.
+
+    No SSH ingress from anywhere: the VPC has no internet gateway, so an address outside it could never reach
+    port 22 whatever a rule allowed. Operators reach nodes through SSM Session Manager over the VPC's interface
+    endpoints (HTTPS out), and the nodes reach each other over the group's own traffic.
 
     EFA requires a group whose inbound AND outbound rules allow all traffic to and from the group
     itself; without the outbound rule the EFA provider fails and NCCL silently falls back to TCP. Workers and
@@ -33,7 +36,6 @@ class NodeSecurity(Construct):
         *,
         vpc: ec2.IVpc,
         endpoints: Sequence[ec2.InterfaceVpcEndpoint],
-        ssh_cidr: str | None,
         fsx: bool,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -52,8 +54,6 @@ class NodeSecurity(Construct):
         # The subnet routes only to the S3 gateway endpoint, so HTTPS "anywhere" reaches S3 alone; the S3
         # prefix list id differs per region and naming it would need a synth-time lookup.
         self.group.add_egress_rule(ec2.Peer.any_ipv4(), HTTPS, "HTTPS to S3 via the gateway endpoint")
-        if ssh_cidr is not None:
-            self.group.add_ingress_rule(ec2.Peer.ipv4(ssh_cidr), SSH, "SSH from ssh_cidr")
 
         self.storage_group: ec2.SecurityGroup | None = None
         if fsx:

@@ -12,16 +12,26 @@ launcher read the same answer.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ami import paths
 from infra import catalog, layout
 
-__all__ = ["CONTEXT_KEYS", "FSX_DEFAULT_CAPACITY_GIB", "TCP_ONLY_EFA_FAMILIES", "ClusterSpec", "SpecError"]
+__all__ = [
+    "CAPACITY_BLOCK_TYPES",
+    "CONTEXT_KEYS",
+    "FSX_DEFAULT_CAPACITY_GIB",
+    "IMAGE_BUILD_COMMAND",
+    "READ_KEYS",
+    "REMOVED_KEYS",
+    "TCP_ONLY_EFA_FAMILIES",
+    "ClusterSpec",
+    "SpecError",
+]
 
 # AWS: EFA traffic between P4d/P4de/P5/P5en and instances of other families is not supported, so
 # reducers beside these workers use TCP even when both types have EFA.
@@ -43,6 +53,22 @@ FSX_DEFAULT_CAPACITY_GIB = 1200
 _FSX_INCREMENT_GIB = 2400
 # The cost guard: a deploy takes longer than 15 minutes, and a guard set months ahead guards nothing.
 _TTL_MIN_HOURS, _TTL_MAX_HOURS = 0.25, 720
+# gp3 volumes are 1 GiB to 16 TiB (https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html, gp3).
+_ROOT_VOLUME_MIN_GIB, _ROOT_VOLUME_MAX_GIB = 8, 16384
+# Types of the catalog EC2 sells as Capacity Blocks for ML
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html, "Supported instance types and
+# Regions"; which Region offers which is the launcher's preflight to check).
+CAPACITY_BLOCK_TYPES = frozenset({"p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge"})
+
+# What builds and publishes the default image (ami/stack.py); the stack's image parameter and the errors name it.
+IMAGE_BUILD_COMMAND = 'npx cdk deploy --app ".venv/bin/python ami/app.py"'
+
+# Context keys that once existed, with the one line a user who still passes them gets.
+REMOVED_KEYS: dict[str, str] = {
+    "ssh_cidr": "removed: the cluster's VPC has no internet gateway, so nothing outside it can reach port 22 "
+    "whatever the security group allows; nodes are reached through SSM Session Manager (launch ssh, launch exec), "
+    "leave ssh_cidr out",
+}
 
 
 class SpecError(ValueError):
@@ -72,14 +98,21 @@ class ClusterSpec(BaseModel):
     data_bucket: str | None = Field(default=None, description="S3 bucket nodes may read; FSx imports from it")
     efa: bool | None = Field(default=None, description="EFA on the workers; None = whenever the type has it")
     spot: bool = False
-    capacity_reservation_id: str | None = None
+    capacity_reservation_id: str | None = Field(default=None, description="cr-... the workers launch into; needs az")
+    capacity_block: bool = Field(
+        default=False, description="capacity_reservation_id is a Capacity Block for ML (market type capacity-block)"
+    )
     placement_group: str | None = Field(
         default=None, description="existing cluster placement group (e.g. the one a reservation lives in)"
     )
     ttl_hours: float = Field(default=24, description="hours until the cost guard deletes the stack")
-    ssh_cidr: str | None = Field(default=None, description="IPv4 CIDR allowed to SSH in; None = no SSH ingress")
     az: str | None = Field(default=None, description="availability zone; None = the region's first, at deploy")
-    ami: str | None = Field(default=None, description="AMI id; None = the Deep Learning Base AMI at deploy")
+    ami: str | None = Field(
+        default=None, description="AMI id; None = the project's image (ami/), resolved from image_parameter at deploy"
+    )
+    root_volume_gib: int | None = Field(
+        default=None, description="root volume size; None = the image's own (its snapshot's) size"
+    )
     root_device: Literal["/dev/sda1", "/dev/xvda"] = Field(
         default="/dev/sda1", description="the image's root device name (Ubuntu: /dev/sda1, Amazon Linux: /dev/xvda)"
     )
@@ -115,19 +148,6 @@ class ClusterSpec(BaseModel):
             cpu_names = ", ".join(n for n in catalog.names() if catalog.get(n).gpus == 0)
             raise ValueError(f"has GPUs; reducers are CPU nodes, allowed: {cpu_names}")
         return entry.name
-
-    @field_validator("ssh_cidr")
-    @classmethod
-    def _ssh_cidr(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        try:
-            network = ipaddress.IPv4Network(value, strict=True)
-        except ValueError:
-            raise ValueError("allowed: an IPv4 CIDR such as 203.0.113.0/24") from None
-        if network.prefixlen == 0:
-            raise ValueError("allowed: a narrower IPv4 CIDR than the whole internet")
-        return str(network)
 
     @field_validator("az")
     @classmethod
@@ -174,6 +194,16 @@ class ClusterSpec(BaseModel):
             raise ValueError(f"allowed: {_TTL_MIN_HOURS} to {_TTL_MAX_HOURS} hours; the launcher can extend it")
         return value
 
+    @field_validator("root_volume_gib")
+    @classmethod
+    def _root_volume_gib(cls, value: int | None) -> int | None:
+        if value is not None and not _ROOT_VOLUME_MIN_GIB <= value <= _ROOT_VOLUME_MAX_GIB:
+            raise ValueError(
+                f"allowed: {_ROOT_VOLUME_MIN_GIB} to {_ROOT_VOLUME_MAX_GIB} GiB (gp3), and at least the image's own "
+                "root size; leave it out to use the image's"
+            )
+        return value
+
     @field_validator("capacity_reservation_id")
     @classmethod
     def _capacity_reservation_id(cls, value: str | None) -> str | None:
@@ -185,8 +215,22 @@ class ClusterSpec(BaseModel):
     def _consistent(self) -> ClusterSpec:
         if self.az is not None and not self.az.startswith(self.region):
             raise _CrossFieldError("az", self.az, f"allowed: an availability zone of region {self.region}")
+        if self.capacity_block:
+            self._check_capacity_block()
         if self.spot and self.capacity_reservation_id is not None:
             raise _CrossFieldError("spot", self.spot, "allowed: false when capacity_reservation_id is given")
+        if self.capacity_reservation_id is not None and self.az is None:
+            # A reservation (and a Capacity Block) holds capacity in one AZ, and an instance uses it only when it
+            # launches in that AZ (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html;
+            # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html, "Requirements");
+            # without `az` the subnet lands in the region's first AZ, whichever that is.
+            raise _CrossFieldError(
+                "az",
+                None,
+                f"required with capacity_reservation_id={self.capacity_reservation_id!r}: the reservation holds "
+                "capacity in one availability zone and the subnet must be there; set -c az=<its zone> (aws ec2 "
+                "describe-capacity-reservations --capacity-reservation-ids ... shows AvailabilityZone)",
+            )
         if self.efa and not self.worker.has_efa:
             efa_types = ", ".join(t.name for t in catalog.gpu_types() if t.has_efa)
             raise _CrossFieldError(
@@ -196,17 +240,75 @@ class ClusterSpec(BaseModel):
             )
         if self.fsx_capacity_gib is not None and self.storage != "fsx":
             raise _CrossFieldError("fsx_capacity_gib", self.fsx_capacity_gib, "allowed only with storage=fsx")
-        if self.ami is None and self.worker.needs_proprietary_driver:
-            raise _CrossFieldError(
-                "ami",
-                None,
-                f"required for instance_type={self.instance_type!r}: its {self.worker.gpu_model} GPUs need NVIDIA's "
-                "proprietary driver, which the default Deep Learning Base OSS AMI lacks; allowed: an AMI id with it, "
-                "e.g. the Deep Learning Base Proprietary Nvidia Driver AMI",
-            )
         return self
 
+    def _check_capacity_block(self) -> None:
+        # Capacity Blocks: a launch asks for market type capacity-block and targets the block's reservation id; they
+        # are On-Demand-priced, paid ahead, never Spot, and already place their instances close together in an
+        # UltraCluster, "so there is no need to use a cluster placement group"
+        # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-using.html;
+        # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html).
+        if self.capacity_reservation_id is None:
+            raise _CrossFieldError(
+                "capacity_block", True, "needs capacity_reservation_id=cr-... (the Capacity Block's reservation id)"
+            )
+        if self.spot:
+            raise _CrossFieldError("spot", self.spot, "allowed: false with capacity_block (a block is paid ahead)")
+        if self.instance_type not in CAPACITY_BLOCK_TYPES:
+            raise _CrossFieldError(
+                "capacity_block",
+                True,
+                f"{self.instance_type} is not sold as Capacity Blocks; allowed: "
+                f"{', '.join(sorted(CAPACITY_BLOCK_TYPES))}",
+            )
+        if self.placement_group is not None:
+            raise _CrossFieldError(
+                "placement_group",
+                self.placement_group,
+                "allowed: none with capacity_block (a Capacity Block places its instances together itself)",
+            )
+
     # --- Derived facts, all from the catalog -----------------------------------------------------
+
+    @property
+    def image_parameter(self) -> str | None:
+        """The SSM parameter the stack resolves the node image from at deploy time; None when ``ami`` names one.
+
+        The project's image (ami/), published there by its pipeline; V100 types resolve the build with NVIDIA's
+        proprietary kernel modules (:data:`ami.paths.IMAGE_ID_PARAMETER_PROPRIETARY`), every other type the default.
+        """
+        if self.ami is not None:
+            return None
+        return paths.image_id_parameter(self.nvidia_kernel_modules)
+
+    @property
+    def nvidia_kernel_modules(self) -> Literal["open", "proprietary"]:
+        """The NVIDIA kernel modules the workers' GPUs need: open drives Turing and newer, V100 needs proprietary."""
+        return "proprietary" if self.worker.needs_proprietary_driver else "open"
+
+    @property
+    def image_build_command(self) -> str:
+        """The command that builds the image :attr:`image_parameter` names, in this stack's region."""
+        modules = " -c nvidia_kernel_modules=proprietary" if self.nvidia_kernel_modules == "proprietary" else ""
+        return f"{IMAGE_BUILD_COMMAND} -c region={self.region}{modules}"
+
+    def root_volume_problem(self, image_root_gib: int) -> str | None:
+        """None when the launch template's root volume fits an image whose root snapshot is ``image_root_gib``;
+        else the one line to show (EC2 refuses a volume smaller than its snapshot:
+        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EbsBlockDevice.html, VolumeSize)."""
+        if self.root_volume_gib is None or self.root_volume_gib >= image_root_gib:
+            return None
+        return (
+            f"root_volume_gib={self.root_volume_gib}: the image's root snapshot is {image_root_gib} GiB and EC2 "
+            f"refuses a smaller volume; allowed: {image_root_gib} or more, or leave it out to use the image's size"
+        )
+
+    @property
+    def placement(self) -> Literal["new", "given", "none"]:
+        """The nodes' cluster placement group: a new one, the user's ``placement_group``, or none (Capacity Blocks)."""
+        if self.capacity_block:
+            return "none"
+        return "new" if self.placement_group is None else "given"
 
     @property
     def worker(self) -> catalog.InstanceType:
@@ -263,8 +365,12 @@ class ClusterSpec(BaseModel):
     def from_context(cls, context: Mapping[str, Any]) -> ClusterSpec:
         """The spec for the known keys of ``context``; :class:`SpecError` (one line) if any is invalid.
 
-        Keys CDK itself keeps in context (feature flags) are ignored; an empty string means "not given".
+        Keys CDK itself keeps in context (feature flags) are ignored; an empty string means "not given". A key of
+        :data:`REMOVED_KEYS` that is given is an error saying what replaced it.
         """
+        for key, why in REMOVED_KEYS.items():
+            if context.get(key) not in ("", None):
+                raise SpecError(f"{key}={context[key]!r}: {why}")
         values = {key: context[key] for key in CONTEXT_KEYS if key in context and context[key] not in ("", None)}
         try:
             return cls(**values)
@@ -284,6 +390,8 @@ class _CrossFieldError(ValueError):
 
 
 CONTEXT_KEYS: tuple[str, ...] = tuple(ClusterSpec.model_fields)
+# What infra/app.py reads from the CDK context: the spec's keys, and the removed ones so that they are refused.
+READ_KEYS: tuple[str, ...] = (*CONTEXT_KEYS, *REMOVED_KEYS)
 
 
 def _one_line(exc: ValidationError, values: Mapping[str, Any]) -> str:

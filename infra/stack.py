@@ -17,6 +17,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 from constructs import Construct, IConstruct
 
+from infra import ttl
 from infra.compute import TAG_CLUSTER, NodeGroup, NodeIdentity
 from infra.guard import CostGuard
 from infra.layout import Interface
@@ -25,12 +26,12 @@ from infra.security import NodeSecurity
 from infra.spec import ClusterSpec
 from infra.storage import LustreStorage
 
-# The AWS Deep Learning Base AMI (OSS NVIDIA driver, EFA, NCCL, aws-ofi-nccl), resolved by CloudFormation
-# at deploy time from its public SSM parameter; synth never looks it up. V100 types (p3, p3dn) need the
-# proprietary driver, so the spec requires -c ami=... for them.
-DEEP_LEARNING_BASE_AMI_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-)
+# The node image defaults to the project's own (ami/: the trainer's venv, Horovod, BeeGFS, EFA, NCCL, ...), whose
+# pipeline publishes its id to an SSM parameter (spec.image_parameter). CloudFormation resolves it at deploy time
+# (an AWS::SSM::Parameter::Value<AWS::EC2::Image::Id> parameter:
+# https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/parameters-section-structure.html, "SSM parameter
+# types"); synth never looks it up. A stock image would not do: the node subnet cannot install anything at boot.
+IMAGE_PARAMETER_ID = "NodeImage"
 
 PINNED_LOGICAL_IDS = (
     "PlacementGroup",
@@ -40,6 +41,7 @@ PINNED_LOGICAL_IDS = (
     "FlowLogGroup",
     "GuardLogGroup",
     "TtlClock",
+    "TtlExpiry",
     "TtlSchedule",
 )
 
@@ -74,20 +76,21 @@ class ClusterStack(Stack):
             "Security",
             vpc=network.vpc,
             endpoints=network.interface_endpoints,
-            ssh_cidr=spec.ssh_cidr,
             fsx=spec.storage == "fsx",
         )
 
         # One cluster placement group for every role, so reducers sit beside the workers; or the user's own
-        # (a capacity reservation made in a cluster placement group must be used from that group).
-        if spec.placement_group is None:
+        # (a capacity reservation made in a cluster placement group must be used from that group); or none with a
+        # Capacity Block, which places its instances together itself (spec.placement).
+        placement_group_name: str | None = None
+        if spec.placement == "new":
             placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
             _pin(placement_group, "PlacementGroup")
             placement_group_name = placement_group.ref
-        else:
+        elif spec.placement == "given":
             placement_group_name = spec.placement_group
 
-        image_id = spec.ami if spec.ami is not None else self._deep_learning_ami()
+        image_id = spec.ami if spec.ami is not None else self._image_parameter(spec)
         identity = NodeIdentity(self, "NodeIdentity", cluster_name=spec.cluster_name, data_bucket=spec.data_bucket)
         common = {
             "cluster_name": spec.cluster_name,
@@ -97,6 +100,7 @@ class ClusterStack(Stack):
             "identity": identity,
             "image_id": image_id,
             "root_device": spec.root_device,
+            "root_volume_gib": spec.root_volume_gib,
             "spot": spec.spot,
         }
         self.workers = NodeGroup(
@@ -107,6 +111,7 @@ class ClusterStack(Stack):
             nodes=spec.nodes,
             layout=spec.worker_interfaces,
             capacity_reservation_id=spec.capacity_reservation_id,
+            capacity_block=spec.capacity_block,
             **common,
         )
         _pin(self.workers.group, "WorkerGroup")
@@ -153,11 +158,13 @@ class ClusterStack(Stack):
             self,
             "Guard",
             ttl_hours=spec.ttl_hours,
+            cluster_name=spec.cluster_name,
             schedule_name=f"{spec.cluster_name}-ttl",
             starts_after=expensive,
         )
         _pin(guard.log_group, "GuardLogGroup")
         _pin(guard.clock, "TtlClock")
+        _pin(guard.parameter, "TtlExpiry")
         _pin(guard.schedule, "TtlSchedule")
 
         node_groups = [
@@ -200,20 +207,39 @@ class ClusterStack(Stack):
             "Storage": (spec.storage, "shared storage: fsx, beegfs or none"),
             "StorageMount": (self.to_json_string(storage_mount), "JSON: how nodes mount the shared storage"),
             "DataBucket": (spec.data_bucket or "none", "S3 bucket the nodes may read, or none"),
-            "PlacementGroupName": (placement_group_name, "cluster placement group of every node"),
+            "PlacementGroupName": (
+                placement_group_name or "none",
+                "cluster placement group of every node, or none (a Capacity Block places its nodes itself)",
+            ),
             "TtlHours": (f"{spec.ttl_hours:g}", "hours from deploy until the cost guard deletes the stack"),
-            "TtlExpiresAt": (guard.expires_at, "when the cost guard deletes the stack (UTC)"),
-            "TtlScheduleName": (guard.schedule_name, "EventBridge Scheduler schedule; update it to extend the TTL"),
+            "TtlExpiresAt": (guard.expires_at, "when the cost guard deletes the stack (UTC), as deployed"),
+            "TtlParameterName": (
+                guard.parameter_name,
+                "SSM parameter holding the expiry the guard acts on; extending the TTL writes a later time to it "
+                f"({' and '.join(ttl.EXTEND_PERMISSIONS)} on it; no iam:PassRole)",
+            ),
+            "TtlScheduleName": (guard.schedule_name, "EventBridge Scheduler schedule that runs the guard"),
             "TtlScheduleGroup": (guard.schedule_group, "schedule group of TtlScheduleName"),
+            "ImageParameter": (
+                spec.image_parameter or "none",
+                "SSM parameter the node image was resolved from at deploy time, or none (-c ami=...)",
+            ),
         }
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)
 
-    def _deep_learning_ami(self) -> str:
+    def _image_parameter(self, spec: ClusterSpec) -> str:
+        """The project's image, resolved at deploy time from the parameter its pipeline publishes to.
+
+        A parameter that does not exist (the image was never built in this region) fails the deploy before anything
+        is created; the launcher's preflight says so in one line, naming the command in this description.
+        """
+        assert spec.image_parameter is not None
         return CfnParameter(
             self,
-            "DeepLearningAmi",
+            IMAGE_PARAMETER_ID,
             type="AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
-            default=DEEP_LEARNING_BASE_AMI_PARAMETER,
-            description="SSM parameter naming the node image (resolved at deploy time)",
+            default=spec.image_parameter,
+            description=f"SSM parameter naming the node image, resolved at deploy time; `{spec.image_build_command}` "
+            "builds the image and publishes it there. Pass -c ami=ami-... instead to use another image.",
         ).value_as_string

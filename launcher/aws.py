@@ -17,7 +17,7 @@ from pathlib import Path
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
 
-from infra import catalog
+from infra import catalog, ttl
 from launcher import access, discover, lifecycle, readiness
 from launcher.cluster import Cluster, Node, cluster_dir, save
 from launcher.errors import LaunchError
@@ -243,21 +243,31 @@ def teardown(sess: boto3.Session, stack: str, *, wait_s: float = 3600, delay_s: 
 
 
 def extend_ttl(sess: boto3.Session, c: Cluster, hours: float, now: dt.datetime | None = None) -> dt.datetime:
-    """Move the cost guard's schedule ``hours`` later (GetSchedule, then UpdateSchedule with every field kept)."""
-    if not (c.aws and c.aws.ttl_schedule_name):
-        raise LaunchError(f"cluster '{c.name}' has no TTL schedule (not an AWS cluster, or deployed without one)")
-    sched = sess.client("scheduler")
-    with aws_errors(f"TTL schedule {c.aws.ttl_schedule_name}"):
-        cur = sched.get_schedule(Name=c.aws.ttl_schedule_name, GroupName=c.aws.ttl_schedule_group)
-        start = lifecycle.extended_start(cur.get("StartDate") or dt.datetime.now(dt.timezone.utc), hours,
-                                         now or dt.datetime.now(dt.timezone.utc))
-        keep = {k: cur[k] for k in ("ScheduleExpression", "FlexibleTimeWindow", "Target", "State", "Description",
-                                    "ScheduleExpressionTimezone", "EndDate", "KmsKeyArn", "ActionAfterCompletion")
-                if k in cur}
-        sched.update_schedule(Name=c.aws.ttl_schedule_name, GroupName=c.aws.ttl_schedule_group, StartDate=start,
-                              **keep)
-    save(c.model_copy(update={"aws": c.aws.model_copy(update={
-        "ttl_expires_at": start.strftime("%Y-%m-%dT%H:%M:%SZ")})}))
+    """Move the cost guard's expiry ``hours`` later: read the stack's TTL parameter, write a later time to it.
+
+    The guard reads the expiry from that parameter on every run of its schedule (infra/guard.py), so this is all an
+    extension takes: ssm:GetParameter and ssm:PutParameter on the one parameter (infra.ttl.EXTEND_PERMISSIONS), and
+    no iam:PassRole, which updating the schedule itself would need (infra/ttl.py says why).
+    """
+    if not c.aws:
+        raise LaunchError(f"cluster '{c.name}' is not an AWS cluster; only a deployed stack has a TTL to extend")
+    lifecycle.check_extension(hours)
+    name = ttl.parameter_name(c.aws.stack)
+    ssm = sess.client("ssm")
+    with aws_errors(f"TTL parameter {name}"):
+        try:
+            current = ssm.get_parameter(Name=name)["Parameter"]["Value"]
+        except ssm.exceptions.ParameterNotFound:
+            raise LaunchError(f"stack '{c.aws.stack}' has no TTL parameter {name} in {sess.region_name}: it was "
+                              f"deployed by an older scaletrain; redeploy it with `npx cdk deploy` to extend its "
+                              f"TTL") from None
+        try:
+            expires = ttl.parse_expiry(current)
+        except ValueError:
+            expires = dt.datetime.now(dt.timezone.utc)  # the guard counts an unreadable value as expired
+        start = lifecycle.extended_start(expires, hours, now or dt.datetime.now(dt.timezone.utc))
+        ssm.put_parameter(Name=name, Value=ttl.format_expiry(start), Type="String", Overwrite=True)
+    save(c.model_copy(update={"aws": c.aws.model_copy(update={"ttl_expires_at": ttl.format_expiry(start)})}))
     return start
 
 

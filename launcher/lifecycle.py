@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from infra import catalog
 from launcher.errors import LaunchError
 
-__all__ = ["NodeStatus", "cost_so_far", "extended_start", "format_duration", "leftovers_verdict", "node_status",
-           "parse_time", "ttl_left"]
+__all__ = ["NodeStatus", "check_extension", "cost_so_far", "extended_start", "format_duration", "leftovers_verdict",
+           "node_status", "parse_time", "ttl_left"]
 
 
 def parse_time(text: str) -> dt.datetime:
@@ -52,11 +52,16 @@ def ttl_left(expires_at: str | None, now: dt.datetime) -> float | None:
     return None if not expires_at else (parse_time(expires_at) - now).total_seconds()
 
 
-def extended_start(current_start: dt.datetime, hours: float, now: dt.datetime, *,
-                   max_hours: float = 720) -> dt.datetime:
-    """The schedule's new StartDate after ``--extend HOURS``: from the later of the current expiry and now."""
+def check_extension(hours: float, *, max_hours: float = 720) -> None:
+    """A LaunchError unless ``--extend-ttl HOURS`` is within (0, max_hours]; checked before anything is asked of AWS."""
     if not 0 < hours <= max_hours:
         raise LaunchError(f"--hours must be within 0..{max_hours:g}, got {hours:g}")
+
+
+def extended_start(current_start: dt.datetime, hours: float, now: dt.datetime, *,
+                   max_hours: float = 720) -> dt.datetime:
+    """The cost guard's new expiry after ``--extend-ttl HOURS``: from the later of the current expiry and now."""
+    check_extension(hours, max_hours=max_hours)
     base = max(current_start.astimezone(dt.timezone.utc), now.astimezone(dt.timezone.utc))
     return (base + dt.timedelta(hours=hours)).replace(microsecond=0)
 

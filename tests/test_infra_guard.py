@@ -1,4 +1,5 @@
-"""The cost guard's function, run against moto's CloudFormation and a real HTTP endpoint for its responses.
+"""The cost guard's function, run against moto's CloudFormation and SSM and a real HTTP endpoint for its responses;
+and the launcher's TTL extension against the same, to show the two agree on where the expiry lives.
 
 CloudFormation hands a custom resource a pre-signed S3 URL to PUT its answer to; here a server on loopback
 stands in for S3 and records what the function sent.
@@ -18,10 +19,21 @@ import pytest
 moto = pytest.importorskip("moto")
 boto3 = pytest.importorskip("boto3")
 
-from infra import guard_function  # noqa: E402
+from infra import guard_function, ttl  # noqa: E402
 from infra.guard import INLINE_CODE_LIMIT, guard_source  # noqa: E402
+from launcher import aws, lifecycle  # noqa: E402
+from launcher.cluster import Cluster, cluster_dir, load  # noqa: E402
+from launcher.errors import LaunchError  # noqa: E402
 
 TEMPLATE = json.dumps({"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}})
+DEPLOYED_EXPIRY = "2030-01-01T00:00:00Z"  # what the clock answered at deploy
+
+
+def _cluster_template(name: str) -> str:
+    """A stack holding its TTL parameter as infra's does (AWS::SSM::Parameter, the clock's ExpiresAt as value)."""
+    parameter = {"Type": "AWS::SSM::Parameter",
+                 "Properties": {"Name": ttl.parameter_name(name), "Type": "String", "Value": DEPLOYED_EXPIRY}}
+    return json.dumps({"Resources": {"TtlExpiry": parameter}})
 SERVICE_ROLE = "arn:aws:iam::123456789012:role/cdk-hnb659fds-cfn-exec-role-123456789012-us-east-1"
 
 
@@ -57,11 +69,12 @@ def response_url() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 @pytest.fixture
-def cloudformation(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def cloudformation(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[Any]:
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
     with moto.mock_aws():
         yield boto3.client("cloudformation")
 
@@ -132,14 +145,112 @@ def test_clock_reports_bad_properties_instead_of_hanging(cloudformation: Any, mo
     assert body["Status"] == "FAILED" and body["Reason"].startswith("ValueError")
 
 
-def test_expire_deletes_the_stack(cloudformation: Any, monkeypatch) -> None:
-    stack_id = _stack(cloudformation, monkeypatch, role=SERVICE_ROLE)
+def _cluster(cloudformation: Any, monkeypatch: pytest.MonkeyPatch, name: str = "scaletrain") -> str:
+    """A deployed cluster stack with its TTL parameter and schedule; the guard function pointed at them."""
+    stack_id = cloudformation.create_stack(StackName=name, TemplateBody=_cluster_template(name),
+                                           RoleARN=SERVICE_ROLE)["StackId"]
+    boto3.client("scheduler").create_schedule(
+        Name=f"{name}-ttl", ScheduleExpression="rate(15 minutes)", FlexibleTimeWindow={"Mode": "OFF"},
+        StartDate=_at(DEPLOYED_EXPIRY), Target={"Arn": "arn:aws:lambda:us-east-1:123456789012:function:guard",
+                                                 "RoleArn": "arn:aws:iam::123456789012:role/scheduler",
+                                                 "Input": json.dumps({"action": "expire"})})
+    monkeypatch.setattr(guard_function, "STACK_ID", stack_id)
+    monkeypatch.setattr(guard_function, "TTL_PARAMETER", ttl.parameter_name(name), raising=False)
+    return stack_id
+
+
+def _discovered(name: str) -> Cluster:
+    """The cluster as discovery saves it (the launcher's extension writes the new expiry into it)."""
+    cluster = Cluster.model_validate({
+        "name": name, "backend": "aws", "nodes": [], "user": "ubuntu", "ssh_config": "/x", "known_hosts": "/x",
+        "python": "/opt/scaletrain/venv/bin/python",
+        "aws": {"stack": name, "region": "us-east-1", "node_ssh_config": "/x", "ttl_expires_at": DEPLOYED_EXPIRY,
+                "ttl_schedule_name": f"{name}-ttl"}})
+    cluster_dir(name).mkdir(parents=True)
+    return cluster
+
+
+def _status(cloudformation: Any, stack_id: str) -> str:
+    return cloudformation.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"]
+
+
+def _at(text: str) -> dt.datetime:
+    return ttl.parse_expiry(text)
+
+
+def test_expire_deletes_the_stack_once_its_expiry_has_passed(cloudformation: Any, monkeypatch) -> None:
+    stack_id = _cluster(cloudformation, monkeypatch)
     other = cloudformation.create_stack(StackName="someone-else", TemplateBody=TEMPLATE)["StackId"]
+    assert guard_function.expire(_at("2030-01-01T00:15:00Z")) == {"deleting": stack_id}
+    assert _status(cloudformation, stack_id) == "DELETE_COMPLETE"
+    assert _status(cloudformation, other) == "CREATE_COMPLETE"
+
+
+def test_expire_through_the_handler_deletes_an_expired_stack(cloudformation: Any, monkeypatch) -> None:
+    stack_id = _stack(cloudformation, monkeypatch, role=SERVICE_ROLE)
+    boto3.client("ssm").put_parameter(Name="/scaletrain/cluster/x/ttl-expires-at", Value="2020-01-01T00:00:00Z",
+                                      Type="String")
+    monkeypatch.setattr(guard_function, "TTL_PARAMETER", "/scaletrain/cluster/x/ttl-expires-at")
     assert guard_function.handler({"action": "expire"}, _Context()) == {"deleting": stack_id}
-    (stack,) = cloudformation.describe_stacks(StackName=stack_id)["Stacks"]
-    assert stack["StackStatus"] == "DELETE_COMPLETE"
-    (untouched,) = cloudformation.describe_stacks(StackName=other)["Stacks"]
-    assert untouched["StackStatus"] == "CREATE_COMPLETE"
+    assert _status(cloudformation, stack_id) == "DELETE_COMPLETE"
+
+
+def test_an_extended_ttl_keeps_the_stack_until_the_new_expiry(cloudformation: Any, monkeypatch) -> None:
+    """The schedule starts at the deploy-time expiry and never moves; `launch status --extend-ttl` writes a later
+    time to the parameter and the guard, run by the schedule from then on, waits for it."""
+    stack_id = _cluster(cloudformation, monkeypatch)
+    c = _discovered("scaletrain")
+    start = aws.extend_ttl(boto3.Session(), c, 6, now=_at("2029-12-31T20:00:00Z"))
+    assert ttl.format_expiry(start) == "2030-01-01T06:00:00Z"
+    assert boto3.client("ssm").get_parameter(Name=ttl.parameter_name("scaletrain"))["Parameter"]["Value"] == (
+        "2030-01-01T06:00:00Z"
+    )
+    assert load("scaletrain").aws.ttl_expires_at == "2030-01-01T06:00:00Z"  # what `launch status` shows next
+    # The schedule's runs after the deployed expiry find the later one and leave the stack alone...
+    for when in ("2030-01-01T00:00:00Z", "2030-01-01T05:45:00Z"):
+        assert guard_function.expire(_at(when)) == {"expires_at": "2030-01-01T06:00:00Z"}
+        assert _status(cloudformation, stack_id) == "CREATE_COMPLETE"
+    # ...until it has passed.
+    assert guard_function.expire(_at("2030-01-01T06:00:00Z")) == {"deleting": stack_id}
+    assert _status(cloudformation, stack_id) == "DELETE_COMPLETE"
+
+
+def test_extending_needs_only_the_documented_permissions_and_no_pass_role(cloudformation: Any, monkeypatch) -> None:
+    """UpdateSchedule needs iam:PassRole on the schedule's role; the extension must need only EXTEND_PERMISSIONS."""
+    _cluster(cloudformation, monkeypatch)
+    c = _discovered("scaletrain")
+    session = boto3.Session()
+    calls: list[str] = []
+    session.events.register("before-call.*.*", lambda model, **_: calls.append(
+        f"{model.service_model.signing_name}:{model.name}"))
+    aws.extend_ttl(session, c, 2, now=_at("2029-12-31T20:00:00Z"))
+    assert calls and set(calls) <= set(ttl.EXTEND_PERMISSIONS), calls
+    assert not any(call.startswith(("scheduler:", "iam:")) for call in calls)
+
+
+def test_extending_a_stack_without_the_parameter_is_one_line(cloudformation: Any, monkeypatch) -> None:
+    c = _discovered("old")
+    with pytest.raises(LaunchError) as caught:
+        aws.extend_ttl(boto3.Session(), c, 2)
+    assert str(caught.value).startswith("stack 'old' has no TTL parameter /scaletrain/cluster/old/ttl-expires-at")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", [None, "next tuesday"])
+def test_a_missing_or_unreadable_expiry_counts_as_reached(cloudformation: Any, monkeypatch, value) -> None:
+    """The schedule only runs from the deploy-time expiry on, so a parameter someone deleted or garbled must not keep
+    the cluster alive."""
+    stack_id = _stack(cloudformation, monkeypatch, role=SERVICE_ROLE)
+    monkeypatch.setattr(guard_function, "TTL_PARAMETER", "/scaletrain/cluster/gone/ttl-expires-at")
+    if value is not None:
+        boto3.client("ssm").put_parameter(Name=guard_function.TTL_PARAMETER, Value=value, Type="String")
+    assert guard_function.expire(_at("2030-01-01T00:00:00Z")) == {"deleting": stack_id}
+    assert _status(cloudformation, stack_id) == "DELETE_COMPLETE"
+
+
+def test_the_function_and_the_launcher_write_and_read_one_format() -> None:
+    assert guard_function.FORMAT == ttl.EXPIRY_FORMAT
+    assert lifecycle.parse_time("2030-01-01T06:00:00Z") == _at("2030-01-01T06:00:00Z")
 
 
 def test_unknown_events_fail_loudly() -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from ami import paths
 from infra import catalog, layout
-from infra.spec import CONTEXT_KEYS, ClusterSpec, SpecError
+from infra.spec import CAPACITY_BLOCK_TYPES, CONTEXT_KEYS, REMOVED_KEYS, ClusterSpec, SpecError
 
 BASE = {"cluster_name": "scaletrain", "instance_type": "p4d.24xlarge", "nodes": "2"}
 V100_AMI = {"ami": "ami-0123456789abcdef0"}
+CR = "cr-0123456789abcdef0"
+BLOCK = {"capacity_block": "true", "capacity_reservation_id": CR, "az": "us-east-1a"}
 
 
 def spec(**overrides: str) -> ClusterSpec:
@@ -143,13 +146,30 @@ def test_beegfs_ram_disk_is_a_quarter_of_worker_memory_and_roles_name_every_node
         ({"data_bucket": "s3://my-data"}, "data_bucket='s3://my-data': allowed: an S3 bucket name"),
         ({"data_bucket": "My_Data"}, "data_bucket='My_Data': allowed: an S3 bucket name"),
         ({"data_bucket": "10.0.0.1"}, "data_bucket='10.0.0.1': allowed: an S3 bucket name"),
-        ({"instance_type": "p3.16xlarge"}, "ami: required for instance_type='p3.16xlarge': its V100 GPUs need"),
-        ({"instance_type": "p3dn.24xlarge"}, "ami: required for instance_type='p3dn.24xlarge': its V100-32GB GPUs"),
         ({"root_device": "/dev/sdb"}, "root_device='/dev/sdb': input should be '/dev/sda1' or '/dev/xvda'"),
-        ({"ssh_cidr": "0.0.0.0/0"}, "ssh_cidr='0.0.0.0/0': allowed: a narrower IPv4 CIDR"),
-        ({"ssh_cidr": "10.0.0.1/8"}, "ssh_cidr='10.0.0.1/8': allowed: an IPv4 CIDR"),
+        # ssh_cidr is gone: the VPC has no internet gateway, so no rule could let anyone outside reach port 22.
+        ({"ssh_cidr": "203.0.113.0/24"}, "ssh_cidr='203.0.113.0/24': removed: the cluster's VPC has no internet"),
+        ({"ssh_cidr": "0.0.0.0/0"}, "ssh_cidr='0.0.0.0/0': removed:"),
         ({"az": "eu-west-1a"}, "az='eu-west-1a': allowed: an availability zone of region us-east-1"),
-        ({"spot": "true", "capacity_reservation_id": "cr-0123456789abcdef0"}, "spot=True: allowed: false when"),
+        ({"spot": "true", "capacity_reservation_id": CR, "az": "us-east-1a"}, "spot=True: allowed: false when"),
+        # A reservation holds capacity in one zone: the stack's subnet must be there.
+        ({"capacity_reservation_id": CR}, f"az: required with capacity_reservation_id='{CR}': the reservation holds"),
+        ({"capacity_block": "true"}, "capacity_block=True: needs capacity_reservation_id=cr-..."),
+        (
+            {**BLOCK, "spot": "true"},
+            "spot=True: allowed: false with capacity_block",
+        ),
+        (
+            {**BLOCK, "instance_type": "g5.48xlarge"},
+            "capacity_block=True: g5.48xlarge is not sold as Capacity Blocks; allowed: p4d.24xlarge, p5.48xlarge",
+        ),
+        (
+            {**BLOCK, "placement_group": "pg"},
+            "placement_group='pg': allowed: none with capacity_block",
+        ),
+        ({"capacity_block": "maybe"}, "capacity_block='maybe': input should be a valid boolean"),
+        ({"root_volume_gib": "4"}, "root_volume_gib='4': allowed: 8 to 16384 GiB (gp3)"),
+        ({"root_volume_gib": "20000"}, "root_volume_gib='20000': allowed: 8 to 16384 GiB"),
         ({"capacity_reservation_id": "cr-1"}, "capacity_reservation_id='cr-1': allowed: a capacity reservation id"),
         ({"placement_group": "a b"}, "placement_group='a b': allowed: a placement group name"),
         ({"cluster_name": "has_underscore"}, "cluster_name='has_underscore': allowed: a letter, then"),
@@ -165,8 +185,52 @@ def test_bad_context_gives_one_line_spec_error(override: dict[str, str], expecte
 
 def test_context_strings_are_coerced_and_empty_strings_mean_not_given() -> None:
     cluster = spec(nodes="3", spot="false", reducers="2", ssh_cidr="", efa="", fsx_capacity_gib="", ttl_hours="1.5")
-    assert (cluster.nodes, cluster.spot, cluster.reducers, cluster.ssh_cidr, cluster.efa) == (3, False, 2, None, None)
+    assert (cluster.nodes, cluster.spot, cluster.reducers, cluster.efa) == (3, False, 2, None)
     assert cluster.ttl_hours == 1.5
+
+
+def test_removed_keys_are_not_keys_of_the_spec() -> None:
+    assert set(REMOVED_KEYS) == {"ssh_cidr"} and not set(REMOVED_KEYS) & set(CONTEXT_KEYS)
+    assert "SSM Session Manager" in REMOVED_KEYS["ssh_cidr"]
+
+
+# --- The node image ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [t.name for t in catalog.gpu_types()])
+def test_every_gpu_type_deploys_without_ami_on_the_image_its_gpus_need(name: str) -> None:
+    """No type needs -c ami any more: V100s resolve the image built with NVIDIA's proprietary kernel modules (the
+    open ones do not drive Volta), every other type the default build."""
+    cluster = spec(instance_type=name)
+    proprietary = catalog.get(name).gpu_model in ("V100", "V100-32GB")
+    assert cluster.nvidia_kernel_modules == ("proprietary" if proprietary else "open")
+    expected = paths.IMAGE_ID_PARAMETER_PROPRIETARY if proprietary else paths.IMAGE_ID_PARAMETER
+    assert cluster.image_parameter == expected
+    assert cluster.image_build_command.startswith('npx cdk deploy --app ".venv/bin/python ami/app.py" -c region=')
+    assert cluster.image_build_command.endswith("-c nvidia_kernel_modules=proprietary") == proprietary
+
+
+def test_an_ami_overrides_the_project_image() -> None:
+    assert spec(instance_type="p3.16xlarge", **V100_AMI).image_parameter is None
+
+
+def test_root_volume_against_the_image_snapshot() -> None:
+    assert spec().root_volume_problem(2000) is None  # the image's own size, whatever it is
+    assert spec(root_volume_gib="300").root_volume_problem(200) is None
+    problem = spec(root_volume_gib="100").root_volume_problem(200)
+    assert problem is not None and problem.startswith("root_volume_gib=100: the image's root snapshot is 200 GiB")
+
+
+# --- Capacity reservations and Capacity Blocks ----------------------------------------------------------------
+
+
+def test_a_reservation_with_its_zone_and_a_capacity_block() -> None:
+    reserved = spec(capacity_reservation_id=CR, az="us-east-1d")
+    assert (reserved.capacity_block, reserved.placement) == (False, "new")
+    block = spec(instance_type="p5.48xlarge", capacity_reservation_id=CR, az="us-east-1a", capacity_block="true")
+    assert (block.capacity_block, block.placement) == (True, "none")
+    assert spec(capacity_reservation_id=CR, az="us-east-1d", placement_group="mine").placement == "given"
+    assert set(catalog.names()) >= CAPACITY_BLOCK_TYPES
 
 
 def test_every_context_key_is_documented() -> None:
