@@ -122,3 +122,19 @@ def test_no_weight_decay_on_bn_and_bias():
     ids = {id(p) for p in no_decay["params"]}
     assert id(model.fc.bias) in ids and id(model.bn1.weight) in ids and id(model.fc.weight) not in ids
     assert [g["weight_decay"] for g in param_groups(model, 1e-4, decay_bn_bias=True)] == [1e-4]
+
+
+def test_memory_format_and_compile_options(capsys):
+    cfg = parse_args(["--synthetic", "--output", "o"])
+    assert cfg.memory_format == "auto" and cfg.compile is False
+    cfg = parse_args(["--synthetic", "--output", "o", "--memory-format", "contiguous", "--compile"])
+    assert cfg.memory_format == "contiguous" and cfg.compile is True
+    with pytest.raises(SystemExit):
+        parse_args(["--synthetic", "--output", "o", "--memory-format", "nhwc"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'nhwc'" in err and "contiguous" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--compile, --no-compile torch.compile the model in place, before the engine wraps it" in help_text
+    assert "--memory-format {auto,channels_last,contiguous} auto (channels_last on GPU, contiguous on CPU)" in help_text

@@ -52,6 +52,8 @@ class Config:
     label_smoothing: float = 0.0    # 0 = plain cross-entropy (seed 000); 0.1 is common
     zero_gamma: bool = True         # last BN gamma of each residual block starts at 0
     precision: str = "auto"         # auto (fp16 on GPU, fp32 on CPU), fp32, bf16, fp16
+    memory_format: str = "auto"     # auto (channels_last on GPU, contiguous on CPU), channels_last, contiguous
+    compile: bool = False           # torch.compile the model in place, before the engine wraps it (first steps compile)
     loss_scale: str = "dynamic"     # dynamic, or a number (seed 000: 1024) for a static scale
     initial_loss_scale: float = 65536.0  # where dynamic scaling starts (halved on inf, doubled every 2000 steps)
     engine: str = "horovod"         # horovod, ddp (torch.distributed: NCCL on GPU, gloo on CPU), or reducer
@@ -83,7 +85,8 @@ class TrainError(RuntimeError):
 
 
 CHOICES = {"model": sorted(ARCHITECTURES), "decay": ["poly", "cosine"],
-           "precision": ["auto", "fp32", "bf16", "fp16"], "engine": list(engines.ENGINES)}
+           "precision": ["auto", "fp32", "bf16", "fp16"], "memory_format": ["auto", "channels_last", "contiguous"],
+           "engine": list(engines.ENGINES)}
 
 
 def _field_help() -> dict[str, str]:
@@ -220,7 +223,8 @@ def train(cfg: Config) -> dict:
         torch.set_num_threads(cfg.threads or int(os.environ.get("OMP_NUM_THREADS", 0))
                               or max(1, (os.cpu_count() or 1) // engine.local_size))
     precision = cfg.precision if cfg.precision != "auto" else ("fp16" if cuda else "fp32")
-    memory_format = torch.channels_last if cuda else torch.contiguous_format
+    memory_format = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}.get(
+        cfg.memory_format, torch.channels_last if cuda else torch.contiguous_format)
     log = print if rank == 0 else (lambda *a, **k: None)
     passes = cfg.backward_passes_per_step
 
@@ -248,6 +252,13 @@ def train(cfg: Config) -> dict:
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model, num_classes, zero_init_residual=cfg.zero_gamma)
     net = net.to(device, memory_format=memory_format)
+    if cfg.compile:
+        # torch.compile of the module itself, in place (its state_dict keys stay as they are, so checkpoints load
+        # either way), before the engine wraps it: "torch.compile specifically doesn't handle distributed wrapper
+        # modules like DDP or FSDP very well, so consider applying torch.compile to the inner module passed to
+        # the wrapper" (https://docs.pytorch.org/docs/stable/compile/programming_model.where_to_apply_compile.html,
+        # "Where to apply torch.compile?", the DistributedDataParallel example: model.compile(), then DDP(model)).
+        net.compile()
     optimizer = torch.optim.SGD(param_groups(net, cfg.weight_decay, cfg.decay_bn_bias), lr=cfg.warmup_start,
                                 momentum=cfg.momentum, nesterov=True)
     # fp16: dynamic loss scaling, or a static scale (update() pins it; a step with inf/nan is still skipped).
