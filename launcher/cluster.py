@@ -11,9 +11,14 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
+from ami import paths
 from launcher.errors import LaunchError
+
+# Where the local backend's MPI is when a saved cluster does not say: Debian's openmpi-bin (`make setup` installs it);
+# `launch local up` records the absolute path it finds instead.
+LOCAL_MPIRUN = "/usr/bin/mpirun"
 
 
 class Node(BaseModel):
@@ -30,6 +35,10 @@ class Node(BaseModel):
     instance_id: str | None = None           # AWS nodes: the EC2 instance (also the SSM target)
     instance_type: str | None = None         # AWS nodes: catalog name of this node's type
     launched_at: str | None = None           # AWS nodes: EC2 LaunchTime, ISO 8601 UTC
+    # How this node talks to the others and the EFA devices it must show, from the stack's NodeGroups output: a
+    # reducer beside P4d/P5, and every node of an `-c efa=false` stack, is on TCP with none.
+    transport: Literal["efa", "tcp"] = "tcp"
+    efa_devices: int = 0
 
 
 # A node's working directory in shell terms, for command lines shared by every node (launch exec, doctor): the local
@@ -66,10 +75,37 @@ class Cluster(BaseModel):
     ssh_config: str                          # used by the launcher (fabric) and by mpirun on the nodes
     known_hosts: str                         # host keys pinned when the cluster was created
     python: str                              # interpreter on the nodes, with scaletrain installed
+    # Open MPI on the nodes, by absolute path: the launcher reaches nodes with non-interactive, non-login SSH
+    # commands, whose PATH lacks the image's /opt/amazon/openmpi/bin (ami/paths.py says why). mpi_prefix goes to
+    # mpirun as --prefix so that the other nodes' orted is found the same way: "Open MPI will add
+    # /remote/node/directory/bin to the PATH and /remote/node/directory/lib64 to the LD_LIBRARY_PATH on the remote
+    # node before attempting to execute anything" (mpirun(1), Open MPI 4.1, "Remote Execution":
+    # https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php).
+    mpirun: str
+    mpi_prefix: str | None = None
     mpi_interface: str | None = None         # network interface for MPI's own traffic (local: lo)
     instance_type: str | None = None         # catalog name for AWS nodes; None on the local cluster
     processes: dict[str, int] = {}           # local backend: node name -> sshd pid it started
     aws: AwsInfo | None = None               # AWS backend: the stack it was discovered from
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mpi_of_backend(cls, data: Any) -> Any:
+        """A cluster saved before the launcher recorded its MPI gets its backend's: the image's on AWS, Debian's
+        on the local cluster."""
+        if isinstance(data, dict) and "mpirun" not in data:
+            aws = data.get("backend") == "aws"
+            data = {**data, "mpirun": paths.MPIRUN if aws else LOCAL_MPIRUN,
+                    "mpi_prefix": data.get("mpi_prefix", paths.MPI_PREFIX if aws else None)}
+        return data
+
+    @field_validator("mpirun", "mpi_prefix")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"must be an absolute path (a node's non-login shell has no PATH to find it on), "
+                             f"got '{value}'")
+        return value
 
     @property
     def mpi_ssh_config(self) -> str:

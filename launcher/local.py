@@ -133,6 +133,15 @@ def _check_tools() -> None:
         raise LaunchError("no ssh-keygen on PATH; install openssh-client")
 
 
+def local_mpirun() -> str:
+    """This machine's mpirun by absolute path (Debian's openmpi-bin: /usr/bin/mpirun), recorded on the cluster so
+    that plans never name a bare ``mpirun`` for a node's shell to look up."""
+    found = shutil.which("mpirun")
+    if found is None:
+        raise LaunchError("no mpirun on PATH; install openmpi-bin (`make setup` does)")
+    return os.path.abspath(found)
+
+
 def _start_node(d: Path, cluster: str, node: str, role: str, port: int, user: str, cpus: int
                 ) -> tuple[Node, str, subprocess.Popen]:
     """One node from nothing, as a new instance boots: a fresh working directory and host key, its sshd answering
@@ -190,6 +199,7 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
     if nodes + reducers > 64:
         raise LaunchError(f"--nodes + --reducers must be at most 64 on one machine, got {nodes + reducers}")
     _check_tools()
+    mpirun = local_mpirun()
 
     d = cluster_dir(name)
     if d.exists():
@@ -220,7 +230,8 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
             node_models.append(n)
         cluster = Cluster(name=name, backend="local", nodes=node_models, user=user,
                           ssh_config=str(d / "ssh_config"), known_hosts=str(d / "known_hosts"),
-                          python=sys.executable, mpi_interface="lo", processes={n: p.pid for n, p in procs.items()})
+                          python=sys.executable, mpirun=mpirun, mpi_interface="lo",
+                          processes={n: p.pid for n, p in procs.items()})
         config, known = ssh_files(cluster, host_keys)
         (d / "known_hosts").write_text(known)
         (d / "ssh_config").write_text(config)

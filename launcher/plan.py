@@ -74,12 +74,18 @@ def trainer_argv(python: str, spec: TrainSpec) -> list[str]:
     return argv + list(spec.extra_args)
 
 
+def mpirun_head(cluster: Cluster) -> list[str]:
+    """How every mpirun line of the launcher starts: the cluster's mpirun by absolute path and, where it is not the
+    system's, ``--prefix`` for the remote orted (see Cluster.mpirun: a node's non-login shell has no PATH to the
+    image's Open MPI). Never a bare ``mpirun``."""
+    head = [cluster.mpirun] + (["--prefix", cluster.mpi_prefix] if cluster.mpi_prefix else [])
+    return head + (["--allow-run-as-root"] if cluster.user == "root" else [])
+
+
 def mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_path: str) -> list[str]:
     """The mpirun line the first node runs. MPI reaches the other nodes with the cluster's ssh_config."""
     ranks = sum(n.slots for n in nodes)
-    argv = ["mpirun"]
-    if cluster.user == "root":
-        argv.append("--allow-run-as-root")
+    argv = mpirun_head(cluster)
     argv += ["-np", str(ranks), "--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
              "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}",
              # Seed 003's line: the ob1 point-to-point layer, no InfiniBand verbs.
@@ -159,9 +165,7 @@ def mpmd_mpirun_argv(cluster: Cluster, workers: list[Node], reducers: list[Node]
         raise ValueError(f"the reducer tier needs engine 'reducer' and spec.reducers == {len(reducers)} reducer "
                          f"node(s); got engine '{spec.engine}' and reducers={spec.reducers}")
     ranks = sum(n.slots for n in workers)
-    argv = ["mpirun"]
-    if cluster.user == "root":
-        argv.append("--allow-run-as-root")
+    argv = mpirun_head(cluster)
     argv += ["--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
              "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}",
              "--mca", "pml", "ob1", "--mca", "btl", "^openib"]

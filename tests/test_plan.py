@@ -7,7 +7,9 @@ import json
 import pytest
 from golden import assert_golden
 
-from launcher import plan, render
+from ami import paths
+from infra.catalog import get
+from launcher import doctor_run, offline, plan, render
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
 from launcher.local import cpus_per_node, node_names
@@ -20,7 +22,7 @@ def local_cluster(n: int, user: str = "root", reducers: int = 0) -> Cluster:
                   workdir=f"/state/clusters/local/nodes/{name}/work") for i, (name, role) in enumerate(roles)]
     return Cluster(name="local", backend="local", nodes=nodes, user=user,
                    ssh_config="/state/clusters/local/ssh_config", known_hosts="/state/clusters/local/known_hosts",
-                   python="/opt/scaletrain/.venv/bin/python", mpi_interface="lo")
+                   python="/state/venv/bin/python", mpirun="/usr/bin/mpirun", mpi_interface="lo")
 
 
 SPEC = plan.TrainSpec(data="/data/shards", output="/runs/r1", model="resnet18", image_size=32, epochs=3,
@@ -95,3 +97,46 @@ def test_sshd_config():
 def test_known_hosts_uses_bracketed_port_form():
     text = render.known_hosts([("127.0.0.1", 42000, "ssh-ed25519 AAAAkey host\n"), ("10.0.0.5", 22, "ssh-ed25519 B")])
     assert text == "[127.0.0.1]:42000 ssh-ed25519 AAAAkey host\n10.0.0.5 ssh-ed25519 B\n"
+
+
+# --- mpirun is never looked up on a node's PATH ----------------------------------------------------------------------
+
+
+def every_mpirun_line(c: Cluster) -> list[list[str]]:
+    """Every mpirun line the launcher runs on a cluster: training (alone and with the reducer tier), doctor's tests."""
+    k = len(c.reducers)
+    lines = [plan.mpirun_argv(c, c.workers, SPEC, "/h"), doctor_run.mpi_hello_argv(c, c.workers, "/h")]
+    if k:
+        lines.append(plan.mpmd_mpirun_argv(c, c.workers, c.reducers, SPEC.model_copy(
+            update={"engine": "reducer", "reducers": k}), "/h"))
+    if c.backend == "aws":
+        lines.append(doctor_run.nccl_test_argv(c, c.workers, get(c.instance_type), "/h"))
+    return lines
+
+
+def test_aws_mpirun_lines_name_the_images_mpi_and_its_prefix():
+    # The image puts /opt/amazon/openmpi/bin on PATH for login shells only; the launcher's SSH command is not one,
+    # and the remote orted is found only through --prefix.
+    c = offline.hypothetical_cluster(get("p4d.24xlarge"), 2, tier=get("c5n.18xlarge"), tier_nodes=1)
+    for argv in every_mpirun_line(c):
+        assert argv[:3] == [paths.MPIRUN, "--prefix", paths.MPI_PREFIX], argv[:3]
+        assert "mpirun" not in argv[3:]
+    assert c.python == paths.PYTHON == "/opt/scaletrain/venv/bin/python"
+
+
+def test_local_mpirun_lines_name_the_clusters_mpirun_by_absolute_path():
+    for argv in every_mpirun_line(local_cluster(2, reducers=1)):
+        assert argv[0] == "/usr/bin/mpirun" and "--prefix" not in argv
+    moved = local_cluster(2).model_copy(update={"mpirun": "/x/mpi/bin/mpirun", "mpi_prefix": "/x/mpi"})
+    assert plan.mpirun_argv(moved, moved.workers, SPEC, "/h")[:3] == ["/x/mpi/bin/mpirun", "--prefix", "/x/mpi"]
+
+
+def test_a_cluster_never_records_a_bare_mpirun():
+    data = local_cluster(1).model_dump()
+    with pytest.raises(ValueError, match="mpirun\n.*must be an absolute path"):
+        Cluster.model_validate({**data, "mpirun": "mpirun"})
+    # A cluster saved before the launcher recorded its MPI gets its backend's.
+    old = {k: v for k, v in data.items() if k not in ("mpirun", "mpi_prefix")}
+    assert Cluster.model_validate(old).mpirun == "/usr/bin/mpirun"
+    aws = Cluster.model_validate({**old, "backend": "aws"})
+    assert (aws.mpirun, aws.mpi_prefix) == (paths.MPIRUN, paths.MPI_PREFIX)
