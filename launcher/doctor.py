@@ -15,6 +15,7 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from ami import paths
 from infra.catalog import InstanceType
 from infra.layout import BEEGFS_MOUNT_POINT, FSX_MOUNT_POINT, efa_device_count, interfaces
 from launcher.cluster import WORKDIR_SHELL
@@ -28,7 +29,7 @@ GPU_MEMORY_TOLERANCE = 0.05    # nvidia-smi's memory.total vs the catalog's GiB 
 # aws-ofi-nccl it reaches most of it at large messages; NCCL falling back to its sockets transport (plugin not
 # found, FI_PROVIDER wrong) lands far below. Half the line rate separates the two with room for a busy fabric.
 BUSBW_FLOOR_FRACTION = 0.5
-OFI_NCCL_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib")
+OFI_NCCL_DIRS = (f"{paths.OFI_NCCL_PREFIX}/lib", "/opt/aws-ofi-nccl/lib")  # the image's; older DLAMIs'
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,16 @@ def _probe(name: str, command: str) -> str:
     return f'echo "{_MARK} begin {name}"; ( {command} ) 2>&1; echo "{_MARK} end {name} $?"'
 
 
-def probe_script(backend: Literal["local", "aws"], python: str) -> str:
-    """The shell line that gathers every probe on a node (run by every node at once, same text for all)."""
+def probe_script(backend: Literal["local", "aws"], python: str, mpirun: str) -> str:
+    """The shell line that gathers every probe on a node (run by every node at once, same text for all).
+
+    Every program of the image is named by its absolute path (ami/paths.py), and on AWS the image's directories are
+    put on PATH and LD_LIBRARY_PATH first: the launcher's non-interactive, non-login SSH shell reads none of
+    /etc/profile.d, where the image (and the EFA installer) put them for people who log in."""
     py = shlex.quote(python)
     venv_bin = shlex.quote(python.rsplit("/", 1)[0]) if "/" in python else "."
     common = [
-        ("mpirun", "mpirun --version"),
+        ("mpirun", f"{shlex.quote(mpirun)} --version"),
         ("horovod-python", f"{py} -c 'import json, horovod, horovod.torch as hvd; print(json.dumps("
                            f"{{\"version\": horovod.__version__, \"mpi\": bool(hvd.mpi_built()), "
                            f"\"gloo\": bool(hvd.gloo_built()), \"nccl\": bool(hvd.nccl_built())}}))'"),
@@ -84,22 +89,21 @@ def probe_script(backend: Literal["local", "aws"], python: str) -> str:
     aws = [
         ("nvidia-smi", "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader"),
         ("nvidia-smi-header", "nvidia-smi | head -n 4"),
-        ("nvcc", "/usr/local/cuda/bin/nvcc --version"),
-        ("kernel", 'echo "kernel $(uname -r)"; echo "module $(modinfo -F version nvidia 2>&1)"'),
+        ("nvcc", f"{paths.CUDA_HOME}/bin/nvcc --version"),
+        ("kernel", 'echo "kernel $(uname -r)"; echo "module $(/sbin/modinfo -F version nvidia 2>&1)"'),
         ("infiniband", "ls /sys/class/infiniband"),
-        ("fi_info", "fi_info -p efa -t FI_EP_RDM"),
-        ("fi_version", "fi_info --version"),
-        ("ldconfig", "ldconfig -p | grep -E 'libnccl'"),
+        ("fi_info", f"{paths.FI_INFO} -p efa -t FI_EP_RDM"),
+        ("fi_version", f"{paths.FI_INFO} --version"),
+        ("ldconfig", "/sbin/ldconfig -p | grep -E 'libnccl'"),
         ("ofi-nccl", "ls " + " ".join(f"{d}/libnccl-net*.so" for d in OFI_NCCL_DIRS)),
         ("horovod-build", f"{venv_bin}/horovodrun --check-build"),
         ("storage", "findmnt -J -t lustre,beegfs"),
         ("storage-write", 'for m in $(findmnt -rn -t lustre,beegfs -o TARGET); do f="$m/.doctor-$(hostname)-$$"; '
                           'if touch "$f" 2>/dev/null && rm -f "$f"; then echo "writable $m"; '
                           'else echo "read-only $m"; fi; done'),
-        ("image", "cat /etc/scaletrain/image.env"),
+        ("image", f"cat {paths.IMAGE_ENV_FILE}"),
     ]
-    path = ('export PATH="/opt/amazon/openmpi/bin:/opt/amazon/efa/bin:/usr/local/cuda/bin:$PATH"; '
-            if backend == "aws" else "")
+    path = paths.path_export() if backend == "aws" else ""
     probes = common + (aws if backend == "aws" else [])
     return path + "; ".join(_probe(n, c) for n, c in probes)
 
@@ -217,12 +221,18 @@ def expected_efa_devices(instance: InstanceType) -> int:
     return efa_device_count(interfaces(instance, efa=True)) if instance.has_efa else 0
 
 
-def check_efa_devices(probe: Probe, instance: InstanceType) -> Check:
-    """``ls /sys/class/infiniband``: one ``rdmap*`` device per EFA network card (infra/layout.py)."""
+NO_EFA_GROUP = "its node group is on TCP (the stack gave it no EFA interface)"
+
+
+def check_efa_devices(probe: Probe, instance: InstanceType, expected: int | None = None) -> Check:
+    """``ls /sys/class/infiniband``: one ``rdmap*`` device per EFA interface the stack gave the node (``expected``,
+    from its NodeGroups output; by default one per EFA network card of the type, infra/layout.py)."""
     name = "efa devices"
     if not instance.has_efa:
         return skip(name, f"{instance.name} has no EFA")
-    want = expected_efa_devices(instance)
+    if expected == 0:
+        return skip(name, NO_EFA_GROUP)
+    want = expected_efa_devices(instance) if expected is None else expected
     devices = [d for d in probe.output.split() if d.startswith("rdmap")] if probe.rc == 0 else []
     if len(devices) != want:
         return fail(name, f"{len(devices)} of {want} EFA devices ({instance.name} has {instance.efa_cards} EFA "
@@ -230,28 +240,30 @@ def check_efa_devices(probe: Probe, instance: InstanceType) -> Check:
     return ok(name, f"{len(devices)} devices: {', '.join(devices[:2])}{', ...' if len(devices) > 2 else ''}")
 
 
-def check_libfabric(info: Probe, version: Probe, instance: InstanceType) -> Check:
+def check_libfabric(info: Probe, version: Probe, instance: InstanceType, expected: int | None = None) -> Check:
     """``fi_info -p efa -t FI_EP_RDM``: the efa provider, one RDM domain per device."""
     name = "libfabric efa"
     if not instance.has_efa:
         return skip(name, f"{instance.name} has no EFA; NCCL uses TCP sockets")
+    if expected == 0:
+        return skip(name, f"{NO_EFA_GROUP}; NCCL uses TCP sockets")
     providers = re.findall(r"^\s*provider:\s*(\S+)", info.output, flags=re.MULTILINE)
     if info.rc != 0 or "efa" not in providers:
         return fail(name, f"fi_info finds no efa provider: {_first_line(info.output)}")
     domains = sorted(set(re.findall(r"^\s*domain:\s*(\S+)", info.output, flags=re.MULTILINE)))
     lib = re.search(r"libfabric:\s*(\S+)", version.output)
-    want = expected_efa_devices(instance)
+    want = expected_efa_devices(instance) if expected is None else expected
     if len(domains) != want:
         return fail(name, f"the efa provider serves {len(domains)} of {want} devices")
     return ok(name, f"efa provider on {len(domains)} devices, libfabric {lib.group(1) if lib else '?'}")
 
 
-def check_nccl(ldconfig: Probe, ofi: Probe, instance: InstanceType) -> Check:
-    """libnccl.so.2 known to the loader, and the aws-ofi-nccl net plugin where the instance has EFA."""
+def check_nccl(ldconfig: Probe, ofi: Probe, instance: InstanceType, expected: int | None = None) -> Check:
+    """libnccl.so.2 known to the loader, and the aws-ofi-nccl net plugin where the node has EFA devices."""
     name = "nccl"
     if not re.search(r"libnccl\.so\.2\b", ldconfig.output):
         return fail(name, "libnccl.so.2 is not in the loader's cache (ldconfig -p)")
-    if not instance.has_efa:
+    if not instance.has_efa or expected == 0:
         return ok(name, "libnccl.so.2 found; no EFA, so no aws-ofi-nccl needed")
     plugins = [p for p in ofi.output.split() if p.endswith(".so") and "/" in p]
     if not plugins:
@@ -436,13 +448,15 @@ LOCAL_SKIPPED = (
 )
 
 
-def evaluate_aws(probes: dict[str, Probe], instance: InstanceType, *, storage: str) -> list[Check]:
+def evaluate_aws(probes: dict[str, Probe], instance: InstanceType, *, storage: str,
+                 efa_devices: int | None = None) -> list[Check]:
+    """``efa_devices``: the EFA devices the stack gave this node's group (0: on TCP); default: one per EFA card."""
     p = lambda key: probes.get(key, _MISSING)  # noqa: E731
     checks = [check_gpus(p("nvidia-smi"), instance),
               check_driver(p("nvidia-smi"), p("nvidia-smi-header"), p("nvcc"), p("kernel"), p("image")),
-              check_efa_devices(p("infiniband"), instance),
-              check_libfabric(p("fi_info"), p("fi_version"), instance),
-              check_nccl(p("ldconfig"), p("ofi-nccl"), instance),
+              check_efa_devices(p("infiniband"), instance, efa_devices),
+              check_libfabric(p("fi_info"), p("fi_version"), instance, efa_devices),
+              check_nccl(p("ldconfig"), p("ofi-nccl"), instance, efa_devices),
               check_horovod_build(p("horovod-build"), need_nccl=instance.gpus > 0),
               check_mpirun(p("mpirun")),
               check_storage(p("storage"), p("storage-write"), storage)]

@@ -8,13 +8,14 @@ from __future__ import annotations
 import shlex
 import time
 
+from ami import paths
 from infra import catalog
 from launcher import doctor, efa, plan, remote
 from launcher.cluster import Cluster, Node
 from launcher.doctor import Check
 from launcher.errors import LaunchError
 
-NCCL_TESTS = "/opt/nccl-tests/build/all_reduce_perf"
+NCCL_TESTS = f"{paths.NCCL_TESTS}/all_reduce_perf"
 
 
 def _clock(cluster: Cluster, nodes: list[Node]) -> dict[str, Check]:
@@ -27,7 +28,7 @@ def _clock(cluster: Cluster, nodes: list[Node]) -> dict[str, Check]:
 
 def mpi_hello_argv(cluster: Cluster, nodes: list[Node], hostfile_path: str) -> list[str]:
     """One rank per node printing its node's name, over the same ssh_config and MCA settings as training."""
-    argv = ["mpirun"] + (["--allow-run-as-root"] if cluster.user == "root" else [])
+    argv = plan.mpirun_head(cluster)
     argv += ["-np", str(len(nodes)), "--hostfile", hostfile_path, "--map-by", "node",
              "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}", "--mca", "pml", "ob1",
              "--mca", "btl", "^openib"]
@@ -39,15 +40,16 @@ def mpi_hello_argv(cluster: Cluster, nodes: list[Node], hostfile_path: str) -> l
 
 def nccl_test_argv(cluster: Cluster, nodes: list[Node], instance: catalog.InstanceType,
                    hostfile_path: str) -> list[str]:
-    """nccl-tests' all_reduce_perf, one rank per GPU on every node, with the EFA environment of launcher.efa."""
+    """nccl-tests' all_reduce_perf, one rank per GPU on every node, with the EFA environment of launcher.efa (none
+    where the workers' node group is on TCP)."""
     ranks = sum(n.slots for n in nodes)
-    argv = ["mpirun"] + (["--allow-run-as-root"] if cluster.user == "root" else [])
+    argv = plan.mpirun_head(cluster)
     argv += ["-np", str(ranks), "--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
              "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}"]
-    for key, value in efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface):
+    fabric, mca = efa.for_cluster(cluster)
+    for key, value in mca:
         argv += ["--mca", key, value]
-    env = efa.fabric_env(instance) | {"LD_LIBRARY_PATH": "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:"
-                                                         "/opt/amazon/openmpi/lib:/usr/local/cuda/lib64"}
+    env = fabric | {"LD_LIBRARY_PATH": ":".join(paths.LIB_PATH)}
     for key, value in sorted(env.items()):
         argv += ["-x", f"{key}={value}"]
     return argv + [NCCL_TESTS, "-b", "8", "-e", "2G", "-f", "2", "-g", "1"]
@@ -72,7 +74,8 @@ def diagnose(cluster: Cluster, *, storage: str = "auto") -> list[Check]:
         if not cluster.instance_type:
             raise LaunchError(f"cluster '{cluster.name}' records no instance type; rediscover it")
         instance = catalog.get(cluster.instance_type)
-    results = remote.run_all(cluster, cluster.nodes, doctor.probe_script(cluster.backend, cluster.python))
+    results = remote.run_all(cluster, cluster.nodes, doctor.probe_script(cluster.backend, cluster.python,
+                                                                          cluster.mpirun))
     clocks = _clock(cluster, cluster.nodes)
     checks: list[Check] = []
     reachable = []
@@ -83,7 +86,8 @@ def diagnose(cluster: Cluster, *, storage: str = "auto") -> list[Check]:
         reachable.append(node)
         probes = doctor.parse_probes(result.stdout)
         if instance is not None and node.role == "worker":
-            found = doctor.evaluate_aws(probes, instance, storage=storage)
+            found = doctor.evaluate_aws(probes, instance, storage=storage,
+                                        efa_devices=node.efa_devices if node.transport == "efa" else 0)
         elif instance is not None:  # a reducer: CPU only, what training needs from it is MPI and the storage
             found = [doctor.check_mpirun(probes.get("mpirun", doctor.Probe("", 127))),
                      doctor.check_storage(probes.get("storage", doctor.Probe("", 1)),

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ami import paths
 from infra.catalog import InstanceType, get
+from infra.layout import efa_device_count, interfaces
 from launcher import efa, plan
 from launcher.cluster import Cluster, Node
 from launcher.costmodel import (
@@ -31,7 +33,7 @@ __all__ = ["PLACEHOLDERS", "hypothetical_cluster", "plan_document", "steps_per_e
 # What an offline plan cannot know yet; discovery of a deployed stack replaces these.
 PLACEHOLDERS = {
     "user": "ubuntu",
-    "python": "/opt/scaletrain/.venv/bin/python",
+    "python": paths.PYTHON,
     "ssh_config": "/home/ubuntu/.scaletrain/clusters/plan/ssh_config",
     "known_hosts": "/home/ubuntu/.scaletrain/clusters/plan/known_hosts",
     "data": "/shared/imagenet/shards",
@@ -41,14 +43,19 @@ PLACEHOLDERS = {
 
 def hypothetical_cluster(instance: InstanceType, nodes: int, *, tier: InstanceType | None = None,
                          tier_nodes: int = 0) -> Cluster:
-    """An AWS cluster of this shape: workers with one slot per GPU, then the CPU tier's nodes (no slots)."""
+    """An AWS cluster of this shape, as the stack's defaults build it: workers with one slot per GPU (on EFA where
+    the type has it), then the CPU tier's nodes (no slots; on TCP, the transport the stack gives reducers beside
+    workers whose EFA traffic cannot reach another family, and the one the reducer engine uses anyway)."""
+    efa_count = efa_device_count(interfaces(instance, efa=True)) if instance.has_efa else 0
     workers = [Node(name=f"node{i}", address=f"node{i}", role="worker", slots=instance.gpus, cpus=instance.vcpus,
-                    gpus=instance.gpus, workdir="/home/ubuntu/scaletrain") for i in range(nodes)]
+                    gpus=instance.gpus, workdir="/home/ubuntu/scaletrain", transport="efa" if efa_count else "tcp",
+                    efa_devices=efa_count) for i in range(nodes)]
     reducers = [Node(name=f"reducer{i}", address=f"reducer{i}", role="reducer", slots=0, cpus=tier.vcpus,
                      workdir="/home/ubuntu/scaletrain") for i in range(tier_nodes if tier is not None else 0)]
     return Cluster(name="plan", backend="aws", nodes=workers + reducers, user=PLACEHOLDERS["user"],
                    ssh_config=PLACEHOLDERS["ssh_config"], known_hosts=PLACEHOLDERS["known_hosts"],
-                   python=PLACEHOLDERS["python"], instance_type=instance.name)
+                   python=PLACEHOLDERS["python"], mpirun=paths.MPIRUN, mpi_prefix=paths.MPI_PREFIX,
+                   instance_type=instance.name)
 
 
 def steps_per_epoch(images: int, ranks: int, batch_per_gpu: int) -> int:
@@ -91,6 +98,8 @@ def plan_document(
     spec = plan.TrainSpec(data=PLACEHOLDERS["data"], output=PLACEHOLDERS["output"], epochs=workload.epochs,
                           batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs,
                           engine="reducer" if tiered else "horovod", reducers=len(cluster.reducers) if tiered else 0)
+    # The software of the image ami/ builds (ami/versions.json), unless the caller knows the image's.
+    versions = versions or _image_versions()
     fabric = efa.fabric_env(instance, versions)
     # With the tier: one MPMD mpirun, the trainer on the workers, training.reducer on the reducer nodes.
     argv = plan.launch_argv(cluster, workers, cluster.reducers if tiered else [], spec, f"{spec.output}/hostfile",
@@ -113,8 +122,18 @@ def plan_document(
         "lr_schedule": [[epoch, lr] for epoch, lr in schedule],
         "estimate": est.model_dump(mode="json"),
         "placeholders": dict(PLACEHOLDERS),
-        "notes": _notes(est),
+        "software": versions.model_dump(),
+        "notes": _notes(est) + ([f"EFA settings for aws-ofi-nccl {versions.aws_ofi_nccl}, libfabric "
+                                 f"{versions.libfabric} (the image ami/ builds, unless told otherwise); "
+                                 "`launch train` uses the deployed image's"] if instance.has_efa else []),
     }
+
+
+def _image_versions() -> efa.SoftwareVersions:
+    from ami.render import load_versions  # ami.render imports launcher.efa: imported here, not at the top
+
+    pinned = load_versions()
+    return efa.SoftwareVersions(aws_ofi_nccl=pinned.aws_ofi_nccl, libfabric=pinned.libfabric)
 
 
 def _notes(est: Estimate) -> list[str]:

@@ -3,7 +3,9 @@
 The facts come from launcher.aws (EC2 state, the SSM agent's ping) and from one probe over SSH
 (cloud-init status, GPUs, EFA devices); the clock and the sleep are injected, so the timeout path runs in tests
 in no time. A node is ready when it is running, reachable (SSM agent online, or SSH answering through a
-bastion), cloud-init has finished, and it shows the catalog's GPUs and the stack's EFA devices.
+bastion), cloud-init has finished, and it shows the catalog's GPUs and the EFA devices the stack gave its node group
+(its ``NodeGroups`` output, recorded on each node by discovery): none for reducers beside P4d/P5 (EFA traffic does
+not cross those families, so their group is on TCP) or for any node of an ``-c efa=false`` stack.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from launcher.cluster import Cluster
 from launcher.errors import LaunchError
 
-__all__ = ["NodeFacts", "PROBE", "STAGES", "Verdict", "parse_probe", "verdict", "wait_ready"]
+__all__ = ["NodeFacts", "PROBE", "STAGES", "Verdict", "expected_devices", "parse_probe", "verdict", "wait_ready"]
 
 # In order; a node's stage is the first one it has not passed.
 STAGES = ("instance", "agent", "ssh", "cloud-init", "gpus", "efa", "ready")
@@ -55,6 +58,12 @@ def parse_probe(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
+def expected_devices(c: Cluster) -> dict[str, tuple[int, int]]:
+    """Per node, (GPUs, EFA devices) it must show: its GPUs (the catalog's, as discovery recorded them) and the EFA
+    devices of its node group's interfaces (the stack's NodeGroups output), never more than the group was given."""
+    return {n.name: (n.gpus, n.efa_devices if n.transport == "efa" else 0) for n in c.nodes}
+
+
 def verdict(facts: NodeFacts, *, gpus: int, efa: int) -> Verdict:
     """Where this node stands; ``gpus``/``efa`` are what it must show (the catalog's GPUs, the stack's EFA devices)."""
     def at(stage: str, detail: str) -> Verdict:
@@ -74,7 +83,7 @@ def verdict(facts: NodeFacts, *, gpus: int, efa: int) -> Verdict:
         return at("gpus", f"{facts.gpus or 0} of {gpus} GPUs visible")
     if (facts.efa or 0) < efa:
         return at("efa", f"{facts.efa or 0} of {efa} EFA devices visible")
-    return at("ready", f"{gpus} GPU(s), {efa} EFA device(s)")
+    return at("ready", f"{gpus} GPU(s), " + (f"{efa} EFA device(s)" if efa else "TCP (no EFA device expected)"))
 
 
 def wait_ready(gather: Callable[[], list[NodeFacts]], expected: dict[str, tuple[int, int]], *, timeout_s: float,

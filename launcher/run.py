@@ -191,6 +191,28 @@ class Watchdog:
             self.hangup()
 
 
+def fabric_settings(cluster: Cluster, first: Node) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """launcher.efa's env and MPI settings for a run: the image's versions from its tags, else read on the first node
+    (efa.VERSION_PROBE: an AMI copied to another region or account has no tags); what nobody could read counts as
+    current software, and a warning says so."""
+    if not efa.uses_efa(cluster):
+        return {}, []
+    versions = efa.versions_of(cluster.aws.software if cluster.aws else {})
+    if efa.unknown_versions(versions):
+        code, text = remote.check(cluster, first, efa.VERSION_PROBE)
+        versions = efa.merge(versions, efa.parse_version_probe(text if code == 0 else ""))
+        unknown = efa.unknown_versions(versions)
+        if unknown:
+            print(f"warning: the image has no scaletrain:* tags and {first.name} shows no {' or '.join(unknown)} "
+                  "version; using the EFA settings for current software (aws-ofi-nccl >= 1.7, libfabric >= 1.18), "
+                  "without FI_PROVIDER=efa NCCL_PROTO=simple, which only aws-ofi-nccl <= 1.5 needs "
+                  "(https://github.com/aws/aws-ofi-nccl/blob/master/doc/efa-env-var.md)", file=sys.stderr, flush=True)
+        else:
+            print(f"[launch] image versions read on {first.name}: aws-ofi-nccl {versions.aws_ofi_nccl}, "
+                  f"libfabric {versions.libfabric}", flush=True)
+    return efa.for_cluster(cluster, versions)
+
+
 def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_data: bool,
           reducers: list[Node] | None = None, watch: watchdog.Watch | None = None) -> RunResult:
     """`reducers`: reducer nodes for the reducer tier (spec.engine 'reducer'); one MPMD mpirun starts both.
@@ -211,7 +233,7 @@ def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_dat
     hosts = plan.mpmd_hostfile(nodes, reducers) if reducers else plan.hostfile(nodes)
     _on_first(cluster, first, f"printf %s {shlex.quote(hosts)} > {shlex.quote(hostfile_path)}",
               "writing the hostfile")
-    fabric_env, mca = efa.for_cluster(cluster)  # EFA / NCCL settings on AWS; none on the local cluster
+    fabric_env, mca = fabric_settings(cluster, first)  # EFA / NCCL settings on AWS; none on the local cluster
     argv = plan.launch_argv(cluster, nodes, reducers or [], spec, hostfile_path, fabric_env=fabric_env, mca=mca)
     tier = f", {len(reducers)} reducer node(s)" if reducers else ""
     print(f"[launch] {len(nodes)} node(s), {sum(n.slots for n in nodes)} rank(s){tier}: {plan.command_line(argv)}",

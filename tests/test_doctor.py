@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from clusterutil import assert_one_line_error, cluster_state, launch
 
+from ami import paths
 from infra import catalog
 from launcher import doctor
 from launcher.doctor import Probe
@@ -124,9 +125,33 @@ def test_probe_output_round_trips_through_the_markers() -> None:
     script = doctor._probe("one", "printf 'a\\nb\\n'") + "; " + doctor._probe("two", "echo oops >&2; exit 3")
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     assert doctor.parse_probes(out) == {"one": Probe("a\nb\n", 0), "two": Probe("oops\n", 3)}
-    assert "findmnt -J -t lustre,beegfs" in doctor.probe_script("aws", "/opt/scaletrain/venv/bin/python")
-    assert "/opt/scaletrain/venv/bin/horovodrun --check-build" in doctor.probe_script(
-        "aws", "/opt/scaletrain/venv/bin/python")
+    script = doctor.probe_script("aws", paths.PYTHON, paths.MPIRUN)
+    assert "findmnt -J -t lustre,beegfs" in script
+    assert "/opt/scaletrain/venv/bin/horovodrun --check-build" in script
+
+
+def test_probes_name_the_images_tools_by_absolute_path() -> None:
+    # The launcher's SSH command is a non-login shell: PATH has none of the image's directories (ami/paths.py).
+    script = doctor.probe_script("aws", paths.PYTHON, paths.MPIRUN)
+    assert script.startswith(paths.path_export())
+    assert f"{paths.MPIRUN} --version" in script and f"{paths.FI_INFO} -p efa -t FI_EP_RDM" in script
+    assert f"{paths.FI_INFO} --version" in script and "/sbin/ldconfig -p" in script
+    bare = [cmd for cmd in ("mpirun --version", "fi_info -p", "fi_info --version")
+            if f"( {cmd}" in script]
+    assert bare == [], bare
+    local = doctor.probe_script("local", "/venv/bin/python", "/usr/bin/mpirun")
+    assert "( /usr/bin/mpirun --version )" in local and "export PATH" not in local
+
+
+def test_a_node_whose_group_is_on_tcp_needs_no_efa() -> None:
+    # -c efa=false, or a reducer beside P4d/P5: the stack gave it no EFA interface; it shows no device.
+    probes = recorded() | {"infiniband": Probe("", 0), "fi_info": Probe("No data available\n", 61),
+                           "ofi-nccl": Probe("ls: cannot access\n", 2)}
+    checks = by_name(doctor.evaluate_aws(probes, P4D, storage="auto", efa_devices=0))
+    assert [checks[n].status for n in ("efa devices", "libfabric efa", "nccl")] == ["skip", "skip", "ok"]
+    assert "on TCP" in checks["efa devices"].detail
+    # The same node in a group that has EFA fails: 0 of 4 devices.
+    assert by_name(doctor.evaluate_aws(probes, P4D, storage="auto", efa_devices=4))["efa devices"].failed
 
 
 def test_bad_storage_choice() -> None:
