@@ -33,7 +33,7 @@ from infra.catalog import InstanceType, get
 from infra.layout import interfaces
 from launcher.cluster import Cluster
 
-__all__ = ["RDMA_FAMILIES", "VERSION_PROBE", "SoftwareVersions", "efa_devices", "fabric_env", "for_cluster",
+__all__ = ["RDMA_FAMILIES", "VERSION_PROBE", "SoftwareVersions", "efa_devices", "fabric_env", "for_cluster", "merge",
            "mpi_mca", "parse_version_probe", "unknown_versions", "uses_efa", "versions_of"]
 
 # Families whose EFA supports GPUDirect RDMA (the cheatsheet: "only p4 and p5 instances support both EFA and
