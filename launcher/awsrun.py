@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import boto3
 
+from ami import paths
 from launcher import aws, dataprep, readiness, remote, staging, storage
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
@@ -154,12 +155,14 @@ def shared_root(c: Cluster) -> str | None:
     return f"{mount}/scaletrain" if mount else None
 
 
-def stage_data(c: Cluster, nodes: list[Node], data: str, *, shard_size: int = 1000, aws_cli: str = "aws") -> str:
+def stage_data(c: Cluster, nodes: list[Node], data: str, *, shard_size: int = 1000,
+               aws_cli: str = paths.AWS_CLI) -> str:
     """Put ``--data`` where the ranks read it; the shards directory as the nodes see it.
 
     ImageNet as downloaded (no manifest.json) is converted on every node of the cluster into shards of
     ``shard_size`` samples on the shared storage; a later call finds them there and converts nothing.
-    ``aws_cli``: how the nodes start the AWS CLI (tests point it at a local S3 endpoint).
+    ``aws_cli``: the AWS CLI's absolute path on the nodes, the image's (tests point it at a local S3 endpoint); its
+    S3 commands go to the stack's region (staging.s3_manifest_command says why).
     """
     assert c.aws is not None
     first = nodes[0]
@@ -181,13 +184,13 @@ def stage_data(c: Cluster, nodes: list[Node], data: str, *, shard_size: int = 10
         say(f"converting {plan.source} to shards in {plan.dest} on {len(c.nodes)} node(s)")
         dataprep.convert_on_cluster(c, dataprep.ConvertSpec(src=plan.source, out=plan.dest, shard_size=shard_size))
         return plan.dest
-    code, text = remote.check(c, first, f"{aws_cli} s3 cp --only-show-errors "
-                                        f"{shlex.quote(plan.source.rstrip('/') + '/manifest.json')} -")
+    code, text = remote.check(c, first, staging.s3_manifest_command(plan.source, aws_cli=aws_cli,
+                                                                    region=c.aws.region))
     if code != 0:
         raise LaunchError(staging.no_s3_manifest(plan.source, first.name))
     shards = [s["name"] for s in json.loads(text)["shards"]]
     scripts = staging.s3_copy_scripts(plan, shards, [n.name for n in nodes], shared=shared_root(c) is not None,
-                                      aws_cli=aws_cli)
+                                      aws_cli=aws_cli, region=c.aws.region)
     say(f"staging {len(shards)} shard(s) from {plan.source} to {plan.dest} on {len(nodes)} node(s)")
     _on_nodes(c, scripts, "staging the data", sudo=False)
     return plan.dest

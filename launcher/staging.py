@@ -25,7 +25,7 @@ from typing import Literal
 from launcher.errors import LaunchError
 
 __all__ = ["Staging", "decide", "no_s3_manifest", "parse_probe", "probe_paths", "probe_script", "s3_copy_scripts",
-           "shard_share", "shards_dir"]
+           "s3_manifest_command", "shard_share", "shards_dir"]
 
 Found = Literal["manifest", "dir", "missing"]
 
@@ -115,18 +115,41 @@ def shard_share(shards: list[str], index: int, count: int) -> list[str]:
     return sorted(shards)[index::count]
 
 
-def s3_copy_scripts(staging: Staging, shards: list[str], nodes: list[str], *, shared: bool,
-                    aws_cli: str = "aws") -> dict[str, str]:
+def _s3(aws_cli: str, region: str) -> str:
+    """``aws ... s3`` as the nodes run it: the image's AWS CLI by its absolute path (a non-login SSH shell has no
+    PATH to it; ami/paths.py), and the stack's region given explicitly.
+
+    The nodes have no AWS configuration (no ``~/.aws/config``, no ``AWS_DEFAULT_REGION``), and the region decides
+    where the request goes: ``--region`` "specifies which AWS Region to send this command's AWS request to" and
+    overrides every other setting (https://docs.aws.amazon.com/cli/latest/userguide/cli-configure-options.html,
+    "--region"). It must be the stack's: the node subnet reaches S3 only through the VPC's gateway endpoint, and a
+    gateway endpoint serves buckets in its own Region only (https://docs.aws.amazon.com/vpc/latest/privatelink/
+    vpc-endpoints-s3.html, "Considerations").
+    """
+    if not region:
+        raise LaunchError("no AWS region for the nodes' aws s3 commands; discover the cluster again "
+                          "(`launch discover`)")
+    return f"{shlex.quote(aws_cli)} --region {shlex.quote(region)} s3"
+
+
+def s3_manifest_command(source: str, *, aws_cli: str, region: str) -> str:
+    """What the first node runs to print ``manifest.json`` under an ``s3://`` prefix."""
+    return f"{_s3(aws_cli, region)} cp --only-show-errors {shlex.quote(source.rstrip('/') + '/manifest.json')} -"
+
+
+def s3_copy_scripts(staging: Staging, shards: list[str], nodes: list[str], *, shared: bool, aws_cli: str,
+                    region: str) -> dict[str, str]:
     """Per node, the script that puts its share of the shards (all of them without shared storage) in place.
 
     ``shards`` are file names from the manifest. The first node also copies ``manifest.json``. Each node runs one
     ``aws s3 cp --recursive`` filtered to its files (the CLI copies them concurrently; one process per shard would
     spend about a second starting Python for each of ImageNet's ~1,300 shards); an interrupted staging is rerun
-    as a whole (S3 copies are idempotent). ``aws_cli``: the command line that starts the AWS CLI on the nodes
-    (tests point it at a local S3 endpoint).
+    as a whole (S3 copies are idempotent). ``aws_cli``: the AWS CLI's path on the nodes (ami.paths.AWS_CLI; tests
+    point it at a local S3 endpoint); ``region``: the stack's (see ``_s3``).
     """
     q = shlex.quote
     src = staging.source.rstrip("/")
+    s3 = _s3(aws_cli, region)
     scripts = {}
     for i, node in enumerate(nodes):
         share = shard_share(shards, i, len(nodes)) if shared else sorted(shards)
@@ -138,7 +161,7 @@ def s3_copy_scripts(staging: Staging, shards: list[str], nodes: list[str], *, sh
             if mine:
                 # Filters apply in order: exclude everything, then include this node's names (no glob characters
                 # in shard names, so each matches itself only).
-                body.append(f"{aws_cli} s3 cp --recursive --only-show-errors {q(src + '/')} {q(staging.dest + '/')} "
+                body.append(f"{s3} cp --recursive --only-show-errors {q(src + '/')} {q(staging.dest + '/')} "
                             f"--exclude '*' " + " ".join(f"--include {q(name)}" for name in mine))
         scripts[node] = "\n".join(["set -eu", *body]) + "\n"
     return scripts

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from golden import assert_golden
 
+from ami import paths
 from ami.render import ami_tags, load_versions, software_versions
 from infra import catalog
 from infra.layout import beegfs_layout
@@ -210,15 +211,20 @@ def test_staging_splits_shards_across_nodes_and_follows_fsx_import():
     s3 = staging.decide("s3://imagenet-shards/v1/", storage={"type": "beegfs", "mount_point": "/beegfs"},
                         data_bucket="imagenet-shards", shared_root="/beegfs/scaletrain")
     assert (s3.kind, s3.dest) == ("s3-copy", "/beegfs/scaletrain/data/imagenet-shards/v1")
-    scripts = staging.s3_copy_scripts(s3, shards, ["node0", "node1"], shared=True)
+    cli = {"aws_cli": paths.AWS_CLI, "region": "eu-west-1"}  # the stack's region, not the nodes' (they have none)
+    scripts = staging.s3_copy_scripts(s3, shards, ["node0", "node1"], shared=True, **cli)
     assert_golden("staging-s3-2-nodes.txt", "".join(f"### {k}\n{v}" for k, v in scripts.items()))
-    # One CLI process per node, filtered to its share (and the manifest on node0).
-    assert [scripts[n].count("aws s3 cp") for n in ("node0", "node1")] == [1, 1]
+    # One CLI process per node, filtered to its share (and the manifest on node0): the image's AWS CLI v2 by its
+    # path (a non-login shell has no PATH to it), sent to the stack's region (the S3 gateway endpoint's).
+    assert [scripts[n].count(f"{paths.AWS_CLI} --region eu-west-1 s3 cp") for n in ("node0", "node1")] == [1, 1]
     assert scripts["node0"].count("--include") == 4 and scripts["node1"].count("--include") == 2
-    alone = staging.s3_copy_scripts(s3, shards, ["node0", "node1"], shared=False)
+    assert staging.s3_manifest_command("s3://imagenet-shards/v1/", **cli) == (
+        f"{paths.AWS_CLI} --region eu-west-1 s3 cp --only-show-errors s3://imagenet-shards/v1/manifest.json -")
+    alone = staging.s3_copy_scripts(s3, shards, ["node0", "node1"], shared=False, **cli)
     assert alone["node1"].count("--include") == 6
     # More nodes than shards: a node with nothing to copy runs no copy at all.
-    assert "s3 cp" not in staging.s3_copy_scripts(s3, shards[:1], ["node0", "node1", "node2"], shared=True)["node2"]
+    assert "s3 cp" not in staging.s3_copy_scripts(s3, shards[:1], ["node0", "node1", "node2"], shared=True,
+                                                  **cli)["node2"]
     fsx = staging.decide("s3://imagenet-shards/v1", storage={"type": "fsx", "mount_point": "/fsx",
                                                               "data_repository": "s3://imagenet-shards"},
                          data_bucket="imagenet-shards", shared_root="/fsx/scaletrain")

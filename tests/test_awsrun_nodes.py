@@ -3,7 +3,8 @@
 The cluster is a 2-node local cluster dressed as an AWS one: an AwsInfo whose shared storage is a directory
 every local node sees (on one machine they share the filesystem, as AWS nodes share the FSx or BeeGFS mount),
 and the node-side access files written by the same code discovery uses (aws.write_node_access_files), from the
-nodes' real host keys. S3 is moto's server on loopback, read by the real AWS CLI (v1) on the nodes.
+nodes' real host keys. S3 is moto's server on loopback, read by the real AWS CLI (v1) on the nodes, which, like an
+AWS node, has no AWS configuration: no region but the one the launcher passes.
 What is not run here: prepare_storage's BeeGFS/FSx phases (root, kernel modules, packages) and FSx's lazy
 import (``lfs hsm_restore``); storage 'none' is.
 """
@@ -26,6 +27,7 @@ from launcher.errors import LaunchError
 pytestmark = pytest.mark.cluster
 
 BUCKET = "scaletrain-data"
+REGION = "eu-west-1"  # the stack's; the nodes' AWS CLI has no default region of its own
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def env(tmp_path_factory):
             mp.setenv("SCALETRAIN_HOME", str(home))  # never the user's ~/.scaletrain
             d = Path(local.ssh_config).parent
             # Where AWS nodes keep their copy (/home/ubuntu/.scaletrain/cluster); here one directory for all.
-            info = AwsInfo(stack=local.name, region="us-east-1", data_bucket=BUCKET,
+            info = AwsInfo(stack=local.name, region=REGION, data_bucket=BUCKET,
                            storage={"type": "beegfs", "mount_point": str(root / "beegfs")},
                            node_ssh_config=str(root / "node-home" / ".scaletrain" / "cluster" / "ssh_config"))
             (root / "beegfs" / "scaletrain").mkdir(parents=True)
@@ -176,7 +178,8 @@ def test_a_failing_node_script_is_one_line_naming_the_node(env):
 @pytest.fixture(scope="module")
 def s3(env):
     """A moto S3 server on loopback holding the tiny shards under s3://BUCKET/imagenet/v1, and an AWS CLI
-    command for the nodes that talks to it (dummy credentials; nothing reaches AWS) and logs who ran it."""
+    for the nodes, given to the launcher by its path as the image's is, that talks to it (dummy credentials; nothing
+    reaches AWS), sees no AWS configuration and no region (as on a node), and logs who ran it with what."""
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -190,9 +193,9 @@ def s3(env):
     server.start()
     try:
         endpoint = f"http://127.0.0.1:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+        client = boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="testing",
                               aws_secret_access_key="testing")
-        client.create_bucket(Bucket=BUCKET)
+        client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
         for f in (root / "shards").iterdir():
             if f.is_file():
                 client.upload_file(str(f), BUCKET, f"imagenet/v1/{f.name}")
@@ -201,9 +204,9 @@ def s3(env):
         wrapper.write_text("\n".join([
             "#!/bin/sh",
             f'echo "$SCALETRAIN_NODE $*" >> {shlex.quote(str(log))}',
-            f"exec env AWS_ENDPOINT_URL={endpoint} AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing "
-            f"AWS_DEFAULT_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null "
-            f'{shlex.quote(str(aws_bin))} "$@"', ""]))
+            f"exec env -u AWS_DEFAULT_REGION -u AWS_REGION AWS_ENDPOINT_URL={endpoint} AWS_ACCESS_KEY_ID=testing "
+            f"AWS_SECRET_ACCESS_KEY=testing AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null "
+            f'AWS_EC2_METADATA_DISABLED=true {shlex.quote(str(aws_bin))} "$@"', ""]))
         wrapper.chmod(0o755)
         yield str(wrapper), log
     finally:
@@ -217,9 +220,12 @@ def test_shards_in_s3_are_copied_by_every_node_with_the_aws_cli(env, s3):
     assert dest == str(root / "beegfs" / "scaletrain" / "data" / BUCKET / "imagenet" / "v1")
     source = {f.name: f.read_bytes() for f in (root / "shards").iterdir() if f.is_file()}
     assert {f.name: f.read_bytes() for f in Path(dest).iterdir()} == source
+    # Every call (the manifest read and each node's copy) went to the stack's region, explicitly: the nodes have no
+    # AWS configuration, and their S3 gateway endpoint serves the stack's region only.
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert calls and all(words[1:4] == ["--region", REGION, "s3"] for words in calls), calls
     # Shared storage: node i copied shards i, i+2, ...; node0 also the manifest.
-    copies = [line.split() for line in log.read_text().splitlines()
-              if line.split()[1:4] == ["s3", "cp", "--recursive"]]  # not the manifest read
+    copies = [words for words in calls if words[4:6] == ["cp", "--recursive"]]  # not the manifest read
     assert sorted(words[0] for words in copies) == ["node0", "node1"]  # one CLI process per node
     by_node = {words[0]: sorted(words[i + 1] for i, w in enumerate(words) if w == "--include") for words in copies}
     shards = sorted(s["name"] for s in json.loads(source["manifest.json"])["shards"])
