@@ -1,30 +1,36 @@
-"""Reaching AWS nodes that have no public address: pure text for ssh_config and known_hosts.
+"""Reaching AWS nodes that have no public address: pure text for ssh_config and known_hosts, and the decisions of
+putting the launcher's key on the nodes over SSM.
 
-- The launcher's own ssh_config goes through SSM Session Manager by default (``ProxyCommand aws ssm
-  start-session --document-name AWS-StartSSHSession``, HostName = the instance id), or through a bastion
-  the user names (``ProxyJump``, HostName = the private address).
+- The launcher's own ssh_config goes through SSM Session Manager (``ProxyCommand aws ssm start-session
+  --document-name AWS-StartSSHSession``, HostName = the instance id), the only way in: the node subnet has no
+  internet gateway, so nothing outside the VPC can open a connection to a node, through a bastion or otherwise.
 - The nodes' ssh_config (what mpirun on the first node uses) names private addresses directly: the nodes
   share a subnet and a security group open to itself.
 - Host keys are pinned from what each instance printed on its console at first boot (cloud-init's
   ``-----BEGIN SSH HOST KEY KEYS-----`` block), read with EC2 GetConsoleOutput, never accepted on first use.
+- The launcher's public keys reach each node with SSM SendCommand (AWS-RunShellScript), once per instance: the
+  shell (launcher.aws.install_keys) asks, these functions decide what to send where and what came back.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
+from typing import Literal
 
 from launcher.errors import LaunchError
 from launcher.render import _env
 
-__all__ = ["BASTION_RE", "authorize_key_script", "host_keys_from_console", "known_host_name", "known_hosts_aws",
-           "node_ssh_config", "ssh_config_bastion", "ssh_config_ssm", "ssm_proxy_command"]
+__all__ = ["SSM_MAX_TARGETS", "authorize_key_script", "buffered_console_notice", "host_keys_from_console",
+           "invocation_error", "invocation_outcome", "key_install_batches", "key_install_targets", "known_host_name",
+           "known_hosts_aws", "node_ssh_config", "refuses_latest_console", "send_retry_delay", "ssh_config_ssm",
+           "ssm_proxy_command"]
 
 _BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"
 _END = "-----END SSH HOST KEY KEYS-----"
 _KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
 _KEY_LINE = re.compile(r"^(?P<type>[a-z0-9-]+) (?P<blob>[A-Za-z0-9+/=]{40,})(?: .*)?$")
-BASTION_RE = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9.-]+)(?::(?P<port>[0-9]{1,5}))?$")
 
 
 def host_keys_from_console(console: str) -> list[str]:
@@ -72,12 +78,11 @@ def ssm_proxy_command(region: str, profile: str | None = None) -> str:
 
 
 def _render(cluster: str, how: str, nodes: list[tuple[str, str]], *, user: str, identity_file: str,
-            known_hosts: str, proxy_command: str | None = None, proxy_jump: str | None = None,
-            ports: dict[str, int] | None = None) -> str:
+            known_hosts: str, proxy_command: str | None = None, ports: dict[str, int] | None = None) -> str:
     ports = {n: p for n, p in (ports or {}).items() if p != 22}  # the shared block's Port 22 covers the rest
     return _env.get_template("ssh_config_aws.j2").render(
         cluster=cluster, how=how, user=user, identity_file=identity_file, known_hosts=known_hosts,
-        proxy_command=proxy_command, proxy_jump=proxy_jump,
+        proxy_command=proxy_command,
         nodes=[{"name": n, "host": h, "port": ports.get(n)} for n, h in nodes], names=[n for n, _ in nodes])
 
 
@@ -86,15 +91,6 @@ def ssh_config_ssm(cluster: str, nodes: list[tuple[str, str]], *, user: str, ide
     """nodes: (name, instance id). SSH through Session Manager: no public address, no inbound port."""
     return _render(cluster, "through SSM Session Manager", nodes, user=user, identity_file=identity_file,
                    known_hosts=known_hosts, proxy_command=ssm_proxy_command(region, profile))
-
-
-def ssh_config_bastion(cluster: str, nodes: list[tuple[str, str]], *, user: str, identity_file: str,
-                       known_hosts: str, bastion: str) -> str:
-    """nodes: (name, private address). SSH through a bastion host, ``[user@]host[:port]``."""
-    if not BASTION_RE.match(bastion):
-        raise LaunchError(f"--bastion '{bastion}' is not [user@]host[:port]")
-    return _render(cluster, f"through bastion {bastion}", nodes, user=user, identity_file=identity_file,
-                   known_hosts=known_hosts, proxy_jump=bastion)
 
 
 def node_ssh_config(cluster: str, nodes: list[tuple[str, str]], *, user: str, identity_file: str,
@@ -130,3 +126,77 @@ def authorize_key_script(user: str, public_key: str) -> str:
         f'chown {shlex.quote(user)} "$home/.ssh/authorized_keys"',
         'chmod 600 "$home/.ssh/authorized_keys"',
     ]) + "\n"
+
+
+# EC2 GetConsoleOutput. "By default, the console output returns buffered information that was posted shortly after an
+# instance transition state (start, stop, reboot, or terminate) ... You can optionally retrieve the latest serial
+# console output at any time during the instance lifecycle. This option is supported on instance types that use the
+# Nitro hypervisor." (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_GetConsoleOutput.html). P3 (but
+# not P3dn) runs on Xen, so EC2 refuses Latest=True there; "UnsupportedOperation" is EC2's common client error for
+# a request the resource does not support (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html,
+# "Common client error codes").
+def refuses_latest_console(code: str, message: str) -> bool:
+    """Whether EC2 refused GetConsoleOutput(Latest=True) because this instance cannot give its latest output (then
+    the buffered output is the one to read), as opposed to any other failure, which stays an error."""
+    if code == "UnsupportedOperation":
+        return True
+    text = message.lower()
+    return code.startswith("InvalidParameter") and ("latest" in text or "nitro" in text)
+
+
+def buffered_console_notice(instance_id: str) -> str:
+    """Said once when a node's console can only be read buffered: why discovery may wait longer for its host keys."""
+    return (f"note: EC2 gives the latest console output on Nitro instances only; reading the buffered console "
+            f"output of {instance_id} (and of others like it) instead, which EC2 posts shortly after boot: their "
+            f"SSH host keys may take several minutes to appear")
+
+
+# SSM SendCommand: "InstanceIds ... Array Members: Maximum number of 50 items."
+# (https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_SendCommand.html, "Request Parameters").
+SSM_MAX_TARGETS = 50
+
+Outcome = Literal["pending", "success", "failed"]
+
+# GetCommandInvocation's Status: Pending | InProgress | Delayed | Success | Cancelled | TimedOut | Failed | Cancelling
+# (https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_GetCommandInvocation.html, "Status"; what
+# each means: https://docs.aws.amazon.com/systems-manager/latest/userguide/monitor-commands.html). Success is the
+# only good end; Cancelling can only end in Cancelled. Pending, InProgress and Delayed (the node was not reachable;
+# SSM tries again) are still under way.
+_FAILED = ("Failed", "TimedOut", "Cancelled", "Cancelling")
+
+
+def key_install_targets(nodes: Iterable[tuple[str, str]], *, installed: set[str],
+                        online: set[str]) -> list[tuple[str, str]]:
+    """(name, instance id) of the nodes to send the keys to now: each instance once (a replacement is a new
+    instance id, so it gets them too), and only once its SSM agent answers: SendCommand to an instance whose agent
+    is not running or not registered yet fails with InvalidInstanceId
+    (https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_SendCommand.html, "Errors")."""
+    return [(name, iid) for name, iid in nodes if iid and iid not in installed and iid in online]
+
+
+def key_install_batches(targets: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The targets in SendCommand-sized batches."""
+    return [targets[i:i + SSM_MAX_TARGETS] for i in range(0, len(targets), SSM_MAX_TARGETS)]
+
+
+def send_retry_delay(attempt: int, *, base_s: float = 2.0, cap_s: float = 30.0) -> float:
+    """Seconds to wait before SendCommand's attempt ``attempt + 1`` after InvalidInstanceId (exponential, capped):
+    an agent that has just come online may not be registered for commands yet."""
+    return min(cap_s, base_s * 2 ** attempt)
+
+
+def invocation_outcome(status: str) -> Outcome:
+    """One node's key installation as GetCommandInvocation reports it."""
+    if status == "Success":
+        return "success"
+    return "failed" if status in _FAILED else "pending"
+
+
+def invocation_error(node: str, instance_id: str, status: str, details: str = "", stderr: str = "") -> str:
+    """What went wrong on one node, in a few words: its status, the detail when it says more, and the script's
+    last line on stderr."""
+    text = f"{node} ({instance_id}): {status}"
+    if details and details.replace(" ", "") != status:
+        text += f" ({details})"
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+    return text + (f": {last[:200]}" if last else "")

@@ -11,6 +11,9 @@ import base64
 import binascii
 import contextlib
 import datetime as dt
+import os
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,8 +25,9 @@ from launcher import access, discover, lifecycle, readiness
 from launcher.cluster import Cluster, Node, cluster_dir, save
 from launcher.errors import LaunchError
 
-__all__ = ["aws_errors", "console_host_keys", "decode_console", "discover_cluster", "extend_ttl", "gather_facts",
-           "leftover_instances", "session", "stack_outputs", "status", "teardown", "write_node_access_files"]
+__all__ = ["ConsoleReader", "aws_errors", "console_host_keys", "decode_console", "discover_cluster", "extend_ttl",
+           "gather_facts", "install_keys", "keys_installed", "leftover_instances", "session", "stack_outputs",
+           "status", "teardown", "write_node_access_files"]
 
 
 @contextlib.contextmanager
@@ -93,10 +97,40 @@ def decode_console(output: str) -> str:
         return output
 
 
+class ConsoleReader:
+    """instance id -> the host keys its console shows (EC2 GetConsoleOutput), for one discovery or one wait.
+
+    The latest output where EC2 gives it (Nitro instances: keys appear as soon as cloud-init prints them); where EC2
+    refuses that (Xen: P3), the buffered output, remembered per instance so the refusal is asked for once, and said
+    once (access.refuses_latest_console has the documents).
+    """
+
+    def __init__(self, sess: boto3.Session, say: Callable[[str], None] | None = None):
+        self.sess, self.say = sess, say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.buffered: set[str] = set()
+
+    def _output(self, instance_id: str, latest: bool) -> str:
+        out = self.sess.client("ec2").get_console_output(InstanceId=instance_id, Latest=latest).get("Output", "")
+        return decode_console(out or "")
+
+    def __call__(self, instance_id: str) -> list[str]:
+        with aws_errors(f"console output of {instance_id}"):
+            if instance_id not in self.buffered:
+                try:
+                    return access.host_keys_from_console(self._output(instance_id, latest=True))
+                except ClientError as e:
+                    err = e.response.get("Error", {})
+                    if not access.refuses_latest_console(err.get("Code", ""), err.get("Message", "")):
+                        raise
+                    if not self.buffered:
+                        self.say(access.buffered_console_notice(instance_id))
+                    self.buffered.add(instance_id)
+            return access.host_keys_from_console(self._output(instance_id, latest=False))
+
+
 def console_host_keys(sess: boto3.Session, instance_id: str) -> list[str]:
-    with aws_errors(f"console output of {instance_id}"):
-        out = sess.client("ec2").get_console_output(InstanceId=instance_id, Latest=True).get("Output", "")
-    return access.host_keys_from_console(decode_console(out or ""))
+    """One node's host keys from its console (see ConsoleReader)."""
+    return ConsoleReader(sess)(instance_id)
 
 
 def ssm_online(sess: boto3.Session, instance_ids: list[str]) -> set[str]:
@@ -117,12 +151,12 @@ def _keypair(directory: Path, name: str, comment: str) -> str:
     return Path(f"{path}.pub").read_text() if path.is_file() else _keygen(path, comment)
 
 
-def discover_cluster(sess: boto3.Session, stack: str, *, profile: str | None = None, bastion: str | None = None,
+def discover_cluster(sess: boto3.Session, stack: str, *, profile: str | None = None,
                      console: Callable[[str], list[str]] | None = None) -> Cluster:
     """Read the stack and its instances, write the cluster's keys, ssh_config and known_hosts, and save it.
 
-    ``console``: instance id -> host keys (default: EC2 GetConsoleOutput). A node whose console shows no key yet is
-    listed without one and cannot be reached until a later discovery pins it.
+    ``console``: instance id -> host keys (default: a ConsoleReader, EC2 GetConsoleOutput). A node whose console shows
+    no key yet is listed without one and cannot be reached until a later discovery pins it.
     """
     outputs = stack_outputs(sess, stack)
     found = cluster_instances(sess, stack, ("pending", "running"))
@@ -133,8 +167,8 @@ def discover_cluster(sess: boto3.Session, stack: str, *, profile: str | None = N
     _keypair(d, "id_ed25519", f"scaletrain-launcher-{stack}")
     c = discover.build_cluster(outputs, found, stack=stack, region=sess.region_name, profile=profile,
                                ssh_config=str(d / "ssh_config"), known_hosts=str(d / "known_hosts"),
-                               software=software, access="bastion" if bastion else "ssm", bastion=bastion)
-    read_keys = console or (lambda iid: console_host_keys(sess, iid))
+                               software=software)
+    read_keys = console or ConsoleReader(sess)
     keys = {n.name: read_keys(n.instance_id or "") for n in c.nodes}
     write_access_files(c, keys)
     save(c)
@@ -146,16 +180,10 @@ def write_access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
     assert c.aws is not None
     d = Path(c.ssh_config).parent
     pinned = [n for n in c.nodes if keys.get(n.name)]
-    if c.aws.access == "ssm":
-        cfg = access.ssh_config_ssm(c.name, [(n.name, n.instance_id or "") for n in c.nodes], user=c.user,
-                                    identity_file=str(d / "id_ed25519"), known_hosts=c.known_hosts,
-                                    region=c.aws.region, profile=c.aws.profile)
-        reach = {n.name: [n.instance_id or n.name] for n in c.nodes}
-    else:
-        cfg = access.ssh_config_bastion(c.name, [(n.name, n.address) for n in c.nodes], user=c.user,
-                                        identity_file=str(d / "id_ed25519"), known_hosts=c.known_hosts,
-                                        bastion=c.aws.bastion or "")
-        reach = {n.name: [n.address] for n in c.nodes}
+    cfg = access.ssh_config_ssm(c.name, [(n.name, n.instance_id or "") for n in c.nodes], user=c.user,
+                                identity_file=str(d / "id_ed25519"), known_hosts=c.known_hosts,
+                                region=c.aws.region, profile=c.aws.profile)
+    reach = {n.name: [n.instance_id or n.name] for n in c.nodes}
     Path(c.ssh_config).write_text(cfg)
     Path(c.known_hosts).write_text(access.known_hosts_aws([(reach[n.name], keys[n.name]) for n in pinned]))
     write_node_access_files(c, keys)
@@ -175,16 +203,109 @@ def write_node_access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
         ([n.name, access.known_host_name(n.address, n.port)], keys[n.name]) for n in c.nodes if keys.get(n.name)]))
 
 
-def authorize_keys(sess: boto3.Session, c: Cluster) -> str:
-    """Send both public keys (the launcher's, the nodes' own) to every node with SSM RunShellScript; the command id."""
+KEYS_INSTALLED = "keys-installed"  # beside the cluster's key pairs: one instance id a line, each holding both keys
+KEY_INSTALL_TIMEOUT_S = 300.0      # per call, for SendCommand to accept the nodes and for every invocation to end
+KEY_INSTALL_POLL_S = 2.0
+
+
+def keys_installed(c: Cluster) -> set[str]:
+    """The instances that have the cluster's public keys (made once per cluster directory, so a new key pair starts
+    with a new, empty record)."""
+    path = Path(c.ssh_config).parent / KEYS_INSTALLED
+    return set(path.read_text().split()) if path.is_file() else set()
+
+
+def _record_keys_installed(c: Cluster, ids: set[str]) -> None:
+    path = Path(c.ssh_config).parent / KEYS_INSTALLED
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text("".join(f"{i}\n" for i in sorted(ids)))
+    os.replace(tmp, path)
+
+
+def _send_keys(ssm, c: Cluster, batch: list[tuple[str, str]], script: str, *, deadline: float, timeout_s: float,
+               clock: Callable[[], float], sleep: Callable[[float], None]) -> str:
+    """SendCommand, again with backoff while SSM answers InvalidInstanceId (an agent that answers its ping may not
+    take commands yet), until the deadline; the command id."""
+    attempt = 0
+    while True:
+        try:
+            sent = ssm.send_command(
+                InstanceIds=[iid for _, iid in batch], DocumentName="AWS-RunShellScript",
+                Parameters={"commands": script.splitlines()},
+                Comment=f"scaletrain {c.name}: authorize the launcher's keys"[:100])  # Comment: at most 100
+            return sent["Command"]["CommandId"]
+        except ClientError as e:
+            err = e.response.get("Error", {})
+            if err.get("Code") != "InvalidInstanceId":
+                raise
+            delay = access.send_retry_delay(attempt)
+            if clock() + delay > deadline:
+                names = ", ".join(f"{name} ({iid})" for name, iid in batch)
+                raise LaunchError(f"installing the launcher's key over SSM: SendCommand still refused {names} after "
+                                  f"{timeout_s:.0f} s (InvalidInstanceId: {err.get('Message', '')}); the SSM agent "
+                                  f"is not registered, or this identity may not send commands to those instances"
+                                  ) from None
+            sleep(delay)
+            attempt += 1
+
+
+def install_keys(sess: boto3.Session, c: Cluster, *, online: set[str], timeout_s: float = KEY_INSTALL_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+                 ) -> list[str]:
+    """Send both public keys (the launcher's, the nodes' own) with SSM RunShellScript to every node whose agent is
+    ``online`` and whose instance has not got them yet (a replacement instance too), wait until each invocation has
+    ended, and record the instances that succeeded; the names of the nodes done now. Any node whose invocation did
+    not end in Success (or had not ended by the deadline) is one error line naming it, its status and stderr."""
+    installed = keys_installed(c)
+    targets = access.key_install_targets([(n.name, n.instance_id or "") for n in c.nodes], installed=installed,
+                                         online=online)
+    if not targets:
+        return []
     d = Path(c.ssh_config).parent
     script = "".join(access.authorize_key_script(c.user, (d / f"{k}.pub").read_text())
                      for k in ("id_ed25519", "node_ed25519"))
+    ssm = sess.client("ssm")
+    deadline = clock() + timeout_s
+    pending: dict[str, tuple[str, str]] = {}  # instance id -> (node name, command id)
     with aws_errors("installing the launcher's key over SSM"):
-        sent = sess.client("ssm").send_command(
-            InstanceIds=[n.instance_id for n in c.nodes if n.instance_id], DocumentName="AWS-RunShellScript",
-            Parameters={"commands": script.splitlines()}, Comment=f"scaletrain {c.name}: authorize keys")
-    return sent["Command"]["CommandId"]
+        for batch in access.key_install_batches(targets):
+            command_id = _send_keys(ssm, c, batch, script, deadline=deadline, timeout_s=timeout_s, clock=clock,
+                                    sleep=sleep)
+            pending |= {iid: (name, command_id) for name, iid in batch}
+        done, failures, last = [], [], {}
+        while pending:
+            for iid, (name, command_id) in list(pending.items()):
+                try:
+                    inv = ssm.get_command_invocation(CommandId=command_id, InstanceId=iid)
+                except ClientError as e:
+                    # Right after SendCommand the invocation may not exist yet (GetCommandInvocation, "Errors":
+                    # InvocationDoesNotExist): it is still to come.
+                    if e.response.get("Error", {}).get("Code") == "InvocationDoesNotExist":
+                        continue
+                    raise
+                status = inv.get("Status", "")
+                last[iid] = status
+                outcome = access.invocation_outcome(status)
+                if outcome == "pending":
+                    continue
+                del pending[iid]
+                if outcome == "success":
+                    installed.add(iid)
+                    _record_keys_installed(c, installed)
+                    done.append(name)
+                else:
+                    failures.append(access.invocation_error(name, iid, status, inv.get("StatusDetails", ""),
+                                                            inv.get("StandardErrorContent", "")))
+            if pending and clock() >= deadline:
+                failures += [access.invocation_error(name, iid, f"still {last.get(iid) or 'not started'} after "
+                                                                f"{timeout_s:.0f} s")
+                             for iid, (name, _) in pending.items()]
+                break
+            if pending:
+                sleep(KEY_INSTALL_POLL_S)
+    if failures:
+        raise LaunchError("installing the launcher's key over SSM failed on " + "; ".join(failures))
+    return done
 
 
 Probe = Callable[[Cluster, list[Node]], dict[str, tuple[bool, str, str]]]
@@ -193,12 +314,11 @@ Probe = Callable[[Cluster, list[Node]], dict[str, tuple[bool, str, str]]]
 def gather_facts(sess: boto3.Session, c: Cluster, *, probe: Probe,
                  agent: Callable[[list[str]], set[str]] | None = None) -> list[readiness.NodeFacts]:
     """EC2 state and SSM ping from AWS, then ``probe`` (node -> (ssh ok, PROBE output, error)) on the nodes that are
-    running with their agent online (or behind a bastion): no SSH attempt where it cannot succeed yet."""
+    running with their agent online: no SSH attempt where it cannot succeed yet."""
     state = {i.instance_id: i.state for i in cluster_instances(sess, c.name)}
     ids = [n.instance_id for n in c.nodes if n.instance_id]
-    online = (agent or (lambda x: ssm_online(sess, x)))(ids) if c.aws and c.aws.access == "ssm" else None
-    reachable = [n for n in c.nodes if state.get(n.instance_id or "") == "running"
-                 and (online is None or n.instance_id in online)]
+    online = (agent or (lambda x: ssm_online(sess, x)))(ids)
+    reachable = [n for n in c.nodes if state.get(n.instance_id or "") == "running" and n.instance_id in online]
     probed = probe(c, reachable) if reachable else {}
     facts = []
     for n in c.nodes:
@@ -206,7 +326,7 @@ def gather_facts(sess: boto3.Session, c: Cluster, *, probe: Probe,
         p = readiness.parse_probe(text) if ok else {}
         facts.append(readiness.NodeFacts(
             name=n.name, state=state.get(n.instance_id or "", "terminated"),
-            agent_online=None if online is None else n.instance_id in online, ssh_ok=ok,
+            agent_online=n.instance_id in online, ssh_ok=ok,
             cloud_init=p.get("cloud_init") or None, gpus=int(p["gpus"]) if p.get("gpus", "").isdigit() else None,
             efa=int(p["efa"]) if p.get("efa", "").isdigit() else None, ssh_error=error))
     return facts

@@ -42,34 +42,38 @@ def show_progress(verdicts: list[readiness.Verdict]) -> None:
     say("waiting: " + ", ".join(f"{v.node} {v.detail}" for v in verdicts))
 
 
-def connect_ready(sess: boto3.Session, stack: str, *, profile: str | None = None, bastion: str | None = None,
+def connect_ready(sess: boto3.Session, stack: str, *, profile: str | None = None,
                   timeout_s: float = 1800, interval_s: float = 15, console: Callable[[str], list[str]] | None = None,
                   probe: aws.Probe | None = None,
                   agent: Callable[[list[str]], set[str]] | None = None, clock=None, sleep=None,
                   on_progress: Callable[[list[readiness.Verdict]], None] | None = show_progress) -> Cluster:
-    """Discover the stack, let the launcher's key in (SSM), and wait until every node is ready."""
-    c = aws.discover_cluster(sess, stack, profile=profile, bastion=bastion, console=console)
-    if not bastion:
-        aws.authorize_keys(sess, c)
+    """Discover the stack and wait until every node is ready; on the way, let the launcher's key in over SSM on each
+    node as soon as its agent answers (a node discovered later, such as an Auto Scaling group's replacement, too)."""
+    console = console or aws.ConsoleReader(sess, say=say)  # one reader: a Xen console's note is said once
+    c = aws.discover_cluster(sess, stack, profile=profile, console=console)
     state = {"cluster": c}
+    timing = {k: v for k, v in (("clock", clock), ("sleep", sleep)) if v is not None}
 
     def gather() -> list[readiness.NodeFacts]:
         cur = state["cluster"]
         unpinned = [n for n in cur.nodes if n.name not in _pinned(cur)]
         if unpinned:  # host keys appear on the console late in the first boot: discover again to pin them
-            cur = state["cluster"] = aws.discover_cluster(sess, stack, profile=profile, bastion=bastion,
-                                                          console=console)
-        return aws.gather_facts(sess, cur, probe=probe or ssh_probe, agent=agent)
+            cur = state["cluster"] = aws.discover_cluster(sess, stack, profile=profile, console=console)
+        online = (agent or (lambda ids: aws.ssm_online(sess, ids)))([n.instance_id for n in cur.nodes
+                                                                     if n.instance_id])
+        done = aws.install_keys(sess, cur, online=online, **timing)
+        if done:
+            say(f"the launcher's key is on {', '.join(done)} (SSM)")
+        return aws.gather_facts(sess, cur, probe=probe or ssh_probe, agent=lambda ids: online)
 
-    kwargs = {k: v for k, v in (("clock", clock), ("sleep", sleep)) if v is not None}
     readiness.wait_ready(gather, aws.expected_devices(c), timeout_s=timeout_s, interval_s=interval_s,
-                         on_progress=on_progress, **kwargs)
+                         on_progress=on_progress, **timing)
     return state["cluster"]
 
 
 def _pinned(c: Cluster) -> set[str]:
     text = Path(c.known_hosts).read_text() if Path(c.known_hosts).is_file() else ""
-    reach = {(n.instance_id if c.aws and c.aws.access == "ssm" else n.address): n.name for n in c.nodes}
+    reach = {n.instance_id: n.name for n in c.nodes if n.instance_id}
     return {reach[line.split(" ", 1)[0].split(",")[0]] for line in text.splitlines()
             if line.split(" ", 1)[0].split(",")[0] in reach}
 

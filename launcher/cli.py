@@ -33,8 +33,6 @@ ClusterOpt = typer.Option(None, "--cluster", help="Cluster name; defaults to the
 
 RegionOpt = typer.Option(None, "--region", help="AWS region; default: the AWS environment's (AWS_REGION, profile).")
 ProfileOpt = typer.Option(None, "--profile", help="AWS profile; default: the AWS environment's.")
-BastionOpt = typer.Option(None, "--bastion", metavar="[USER@]HOST[:PORT]",
-                          help="AWS: reach the nodes through this bastion instead of SSM Session Manager.")
 DEFAULT_STACK = "scaletrain"  # infra's default cluster_name
 
 
@@ -247,19 +245,6 @@ def down(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Prof
         shutil.rmtree(clusters.cluster_dir(c.name), ignore_errors=True)
 
 
-@app.command("discover")
-def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name; default $SCALETRAIN_STACK or "
-                                                                    "'scaletrain'."),
-                 region: str = RegionOpt, profile: str = ProfileOpt, bastion: str = BastionOpt,
-                 ready_timeout: float = typer.Option(1800, "--ready-timeout", help="Seconds to wait for the nodes."),
-                 no_wait: bool = typer.Option(False, "--no-wait", help="Only read the stack; do not wait.")):
-    """Find a deployed stack's nodes, pin their host keys, write the ssh_config, and wait until all are ready."""
-    from launcher import aws, awsrun
-
-    stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
-    sess = aws.session(region, profile)
-    if no_wait:
-        c = aws.discover_cluster(sess, stack, profile=profile, bastion=bastion)
 @app.command("preflight")
 def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", metavar="KEY=VALUE",
                                                     help="A context key of `npx cdk deploy`, as you will pass it "
@@ -295,8 +280,21 @@ def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", met
         raise typer.Exit(1)
 
 
+@app.command("discover")
+def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name; default $SCALETRAIN_STACK or "
+                                                                    "'scaletrain'."),
+                 region: str = RegionOpt, profile: str = ProfileOpt,
+                 ready_timeout: float = typer.Option(1800, "--ready-timeout", help="Seconds to wait for the nodes."),
+                 no_wait: bool = typer.Option(False, "--no-wait", help="Only read the stack; do not wait.")):
+    """Find a deployed stack's nodes, pin their host keys, write the ssh_config, and wait until all are ready."""
+    from launcher import aws, awsrun
+
+    stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
+    sess = aws.session(region, profile)
+    if no_wait:
+        c = aws.discover_cluster(sess, stack, profile=profile)
     else:
-        c = awsrun.connect_ready(sess, stack, profile=profile, bastion=bastion, timeout_s=ready_timeout)
+        c = awsrun.connect_ready(sess, stack, profile=profile, timeout_s=ready_timeout)
         awsrun.install_node_access(c)
     for n in c.nodes:
         console.print(f"  {n.name:<10} {n.role:<8} {n.instance_id}  {n.address:<15} {n.instance_type}  "
@@ -309,7 +307,7 @@ def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", met
 def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ...)."),
             command: list[str] = typer.Argument(None, help="Command to run instead of a login shell."),
             cluster: str = ClusterOpt):
-    """Open an SSH session on one node (through SSM or the bastion on AWS), host keys pinned."""
+    """Open an SSH session on one node (through SSM Session Manager on AWS), host keys pinned."""
     c = clusters.load(cluster)
     c.node(node)
     argv = ssh_argv(c.ssh_config, node, command or [])
@@ -445,7 +443,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --output."),
           teardown: bool = typer.Option(False, "--teardown", help="Bring the cluster down afterwards, "
                                                                   "also on failure or Ctrl-C."),
-          region: str = RegionOpt, profile: str = ProfileOpt, bastion: str = BastionOpt,
+          region: str = RegionOpt, profile: str = ProfileOpt,
           ready_timeout: float = typer.Option(1800, "--ready-timeout", help="AWS: seconds to wait for every node "
                                                                            "to be ready."),
           probe_interval: float = typer.Option(15, "--probe-interval", metavar="SECONDS",
@@ -530,7 +528,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                                                                                        else None))
 
     def on_aws() -> None:
-        found = awsrun.connect_ready(sess, stack, profile=profile, bastion=bastion, timeout_s=ready_timeout)
+        found = awsrun.connect_ready(sess, stack, profile=profile, timeout_s=ready_timeout)
         awsrun.install_node_access(found)
         awsrun.prepare_storage(found)
         first = found.select_workers(nodes)[0]

@@ -134,8 +134,7 @@ def software_from_tags(tags: dict[str, str]) -> dict[str, str]:
 
 
 def build_cluster(outputs: StackOutputs, instances: list[Instance], *, stack: str, region: str,
-                  profile: str | None, ssh_config: str, known_hosts: str, software: dict[str, str],
-                  access: Literal["ssm", "bastion"] = "ssm", bastion: str | None = None) -> Cluster:
+                  profile: str | None, ssh_config: str, known_hosts: str, software: dict[str, str]) -> Cluster:
     """The Cluster the rest of the launcher uses: slots = the catalog's GPUs, reducers hold no training rank."""
     nodes = []
     for name, inst in name_nodes(instances):
@@ -147,7 +146,7 @@ def build_cluster(outputs: StackOutputs, instances: list[Instance], *, stack: st
     if not any(n.role == "worker" for n in nodes):
         raise LaunchError(f"stack '{stack}' in {region} has no running worker instance (tag "
                           f"{TAG_CLUSTER}={outputs.cluster_name}); its nodes may still be launching or were stopped")
-    info = AwsInfo(stack=stack, region=region, profile=profile, access=access, bastion=bastion,
+    info = AwsInfo(stack=stack, region=region, profile=profile,
                    storage=outputs.storage_mount | {"type": outputs.storage}, data_bucket=outputs.data_bucket,
                    ttl_expires_at=outputs.ttl_expires_at, ttl_schedule_name=outputs.ttl_schedule_name,
                    ttl_schedule_group=outputs.ttl_schedule_group, software=software,

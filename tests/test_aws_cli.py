@@ -1,12 +1,12 @@
 """What `launch status` (with --extend-ttl) and `launch ssh` print, through the real CLI: status against a stack in
-moto, ssh against the local cluster's real sshd."""
+moto, ssh against the local cluster's real sshd; and that no command offers a way in other than SSM."""
 
 from __future__ import annotations
 
 import boto3
 import pytest
 from clusterutil import assert_one_line_error, cluster_state, launch
-from test_aws_moto import deploy, env  # noqa: F401 -- env is the moto fixture
+from test_aws_moto import deploy, env, stack_exists  # noqa: F401 -- env is the moto fixture
 
 from launcher import aws, cli
 from launcher import cluster as clusters
@@ -14,7 +14,7 @@ from launcher import cluster as clusters
 
 @pytest.fixture
 def no_console(monkeypatch):
-    monkeypatch.setattr(aws, "console_host_keys", lambda sess, iid: [])
+    monkeypatch.setattr(aws.ConsoleReader, "__call__", lambda self, iid: [])
 
 
 def test_status_on_aws_lists_every_node_with_cost_and_ttl(env, no_console, capsys):  # noqa: F811
@@ -93,3 +93,22 @@ def test_status_names_a_replacement_instance_not_yet_discovered(env, no_console,
     capsys.readouterr()
     assert cli.main(["status", "--cluster", "c1"]) == 0
     assert "not discovered yet" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["discover"], ["train", "--nodes", "2"], ["status"], ["doctor"], ["down"],
+                                  ["exec"], ["ssh"]])
+def test_bastion_is_no_option_anywhere_and_asking_for_it_is_one_line(env, argv, capsys):  # noqa: F811
+    """The node subnet has no internet gateway, so a bastion outside the VPC could never reach a node: SSM Session
+    Manager is the one way in, and no command offers another."""
+    deploy(workers=1)
+    assert cli.main([argv[0], "--bastion", "ec2-user@bastion.example.com", *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: No such option") and "--bastion" in err[0], err
+    assert stack_exists()  # nothing ran
+
+
+def test_no_help_mentions_a_bastion(capsys):
+    for command in ("discover", "train", "ssh", "status", "doctor"):
+        with pytest.raises(SystemExit):
+            cli.app([command, "--help"], prog_name="launch")
+        assert "bastion" not in capsys.readouterr().out.lower()

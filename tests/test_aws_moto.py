@@ -216,7 +216,7 @@ def test_train_teardown_when_a_node_never_becomes_ready(env, monkeypatch, capsys
     """The whole CLI path: `launch train --cluster c1 --teardown` on a stack whose agents never come online."""
     deploy(workers=2)
     monkeypatch.setattr(aws, "ssm_online", lambda sess, ids: set())
-    monkeypatch.setattr(aws, "console_host_keys", lambda sess, iid: [])
+    monkeypatch.setattr(aws.ConsoleReader, "__call__", lambda self, iid: [])
     rc = cli.main(["train", "--cluster", "c1", "--nodes", "2", "--teardown", "--ready-timeout", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
@@ -273,3 +273,248 @@ def test_a_replaced_worker_is_discovered_with_its_new_key_pinned_and_the_old_one
     assert last.node("node0").instance_id == new.instance_id
     assert last.node("node1").instance_id not in (node0.instance_id, new.instance_id, old.instance_id)
     assert node0.instance_id not in Path(last.known_hosts).read_text()
+
+
+# --- P3 (Xen) consoles: EC2 refuses the latest output there ---------------------------------------------------------
+
+@pytest.fixture
+def xen_console(monkeypatch):
+    """moto's GetConsoleOutput made to answer as EC2 does: Latest=True is for Nitro instances only
+    (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_GetConsoleOutput.html), so a P3 (Xen; P3dn is
+    Nitro) refuses it with UnsupportedOperation; its buffered output is posted a while after boot (here: from the
+    fifth read on), then shows cloud-init's host keys. The wording of EC2's message is not documented; the launcher
+    reads only the code. Counts what was asked."""
+    from moto.core.responses import ActionResult
+    from moto.core.utils import utcnow
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses.general import General
+    from moto.ec2.utils import Base64EncodedString
+
+    asked = {"latest": 0, "refused": 0, "buffered": 0}
+
+    def get_console_output(self):
+        instance = self.ec2_backend.get_instance(self._get_param("InstanceId"))
+        xen = instance.instance_type.startswith("p3.")
+        if self._get_bool_param("Latest", False):
+            asked["latest"] += 1
+            if xen:
+                asked["refused"] += 1
+                raise EC2ClientError("UnsupportedOperation", "The requested operation is not supported for "
+                                                             "this instance type.")
+            text = RECORDED
+        else:
+            asked["buffered"] += 1
+            text = RECORDED if asked["buffered"] > 4 or not xen else ""
+        return ActionResult({"InstanceId": instance.id, "Timestamp": utcnow(),
+                             "Output": Base64EncodedString.from_raw_string(text)})
+
+    monkeypatch.setattr(General, "get_console_output", get_console_output)
+    return asked
+
+
+def pinned_probe(c, nodes):
+    """SSH answers only where the node's host key is pinned (StrictHostKeyChecking yes)."""
+    known = Path(c.known_hosts).read_text() if Path(c.known_hosts).is_file() else ""
+    return {n.name: ready_probe(c, [n])[n.name] if f"{n.instance_id} " in known else
+            (False, "", "Host key verification failed.") for n in nodes}
+
+
+def test_a_p3_console_is_read_buffered_and_said_once(env, xen_console, capsys):
+    deploy(workers=2, instance_type="p3.16xlarge")
+    now = [0.0]
+    c = awsrun.connect_ready(aws.session(), "c1", timeout_s=600, interval_s=60, agent=lambda ids: set(ids),
+                             probe=pinned_probe, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+                             on_progress=None)
+    # Nothing was pinned from the first (empty) buffered output; a later discovery pinned both nodes' keys.
+    known = Path(c.known_hosts).read_text().splitlines()
+    assert sorted(line.split()[0] for line in known) == sorted([n.instance_id for n in c.nodes] * 2)
+    assert now[0] > 0  # it waited for the buffered output to be posted
+    # The latest output was asked once per instance, then never again; the reason was said once.
+    assert xen_console["refused"] == 2 and xen_console["buffered"] >= 4
+    err = capsys.readouterr().err
+    assert err.count("EC2 gives the latest console output on Nitro instances only") == 1
+    assert "may take several minutes" in err
+
+
+def test_a_nitro_console_is_read_latest_and_other_console_errors_stay_errors(env, xen_console, monkeypatch):
+    deploy(workers=2, instance_type="p4d.24xlarge")
+    c = aws.discover_cluster(aws.session(), "c1")
+    assert len(Path(c.known_hosts).read_text().splitlines()) == 2 * 2
+    assert xen_console == {"latest": 2, "refused": 0, "buffered": 0}
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses.general import General
+
+    def denied(self):
+        raise EC2ClientError("UnauthorizedOperation", "You are not authorized to perform this operation.")
+
+    monkeypatch.setattr(General, "get_console_output", denied)
+    with pytest.raises(LaunchError) as e:
+        aws.discover_cluster(aws.session(), "c1")
+    assert str(e.value).startswith("console output of i-") and "UnauthorizedOperation" in str(e.value)
+
+
+# --- The launcher's key over SSM --------------------------------------------------------------------------------
+
+class SsmAgents:
+    """What moto's SSM does not model, added to it: SendCommand refuses instances whose agent has not registered
+    (InvalidInstanceId, as https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_SendCommand.html
+    lists it), or refuses the next ``refuse`` commands whatever their targets (an agent that answers its ping before
+    it takes commands); GetCommandInvocation answers per instance what ``invocations`` scripts (the last step
+    repeats; "missing" is InvocationDoesNotExist, as right after SendCommand), else moto's Success."""
+
+    def __init__(self):
+        self.registered: set[str] = set()
+        self.refuse = 0
+        self.sent: list[list[str]] = []
+        self.invocations: dict[str, list] = {}
+
+    def agent(self, ids: list[str]) -> set[str]:
+        """Every agent online and registered."""
+        self.registered |= set(ids)
+        return set(ids)
+
+
+@pytest.fixture
+def ssm_agents(monkeypatch):
+    from moto.ssm.exceptions import SSMException
+    from moto.ssm.models import SimpleSystemManagerBackend as SSMBackend
+
+    agents = SsmAgents()
+    send, invocation = SSMBackend.send_command, SSMBackend.get_command_invocation
+
+    def send_command(self, **kwargs):
+        ids = kwargs["instance_ids"]
+        if agents.refuse or not set(ids) <= agents.registered:
+            agents.refuse = max(0, agents.refuse - 1)
+            raise SSMException("InvalidInstanceId",
+                               f"Instances [[{', '.join(ids)}]] not in a valid state for account 123456789012")
+        agents.sent.append(sorted(ids))
+        return send(self, **kwargs)
+
+    def get_command_invocation(self, command_id, instance_id, plugin_name):
+        steps = agents.invocations.get(instance_id)
+        if not steps:
+            return invocation(self, command_id, instance_id, plugin_name)
+        step = steps.pop(0) if len(steps) > 1 else steps[0]
+        if step == "missing":
+            raise SSMException("InvocationDoesNotExist", "")
+        return {**invocation(self, command_id, instance_id, plugin_name), **step}
+
+    monkeypatch.setattr(SSMBackend, "send_command", send_command)
+    monkeypatch.setattr(SSMBackend, "get_command_invocation", get_command_invocation)
+    return agents
+
+
+def keyed_probe(c, nodes):
+    """SSH answers only on nodes that have the launcher's key."""
+    have = aws.keys_installed(c)
+    return {n.name: ready_probe(c, [n])[n.name] if n.instance_id in have else
+            (False, "", "Permission denied (publickey)") for n in nodes}
+
+
+def fake_time():
+    now, slept = [0.0], []
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+    return now, slept, (lambda: now[0]), sleep
+
+
+def test_keys_reach_each_node_once_its_agent_registers_and_a_replacement_gets_them_too(env, ssm_agents, capsys):
+    deploy(workers=2)
+    sess = aws.session()
+    rounds = [0]
+
+    def agent(ids):  # node agents register one round apart
+        rounds[0] += 1
+        up = set(sorted(ids)[:rounds[0]])
+        ssm_agents.registered |= up
+        return up
+
+    now, slept, clock, sleep = fake_time()
+    c = awsrun.connect_ready(sess, "c1", timeout_s=600, interval_s=15, console=lambda iid: access_keys(),
+                             agent=agent, probe=keyed_probe, clock=clock, sleep=sleep, on_progress=None)
+    first, second = sorted(n.instance_id for n in c.nodes)
+    assert ssm_agents.sent == [[first], [second]]  # each instance once, once its agent registered
+    assert aws.keys_installed(c) == {first, second}
+    assert "the launcher's key is on" in capsys.readouterr().err
+
+    # node1's instance is reclaimed; its Auto Scaling group launches another. The next `launch train` (--resume)
+    # sends the keys to the new instance only.
+    old = c.node("node1").instance_id
+    boto3.client("autoscaling").terminate_instance_in_auto_scaling_group(InstanceId=old,
+                                                                         ShouldDecrementDesiredCapacity=False)
+    after = awsrun.connect_ready(sess, "c1", timeout_s=600, console=lambda iid: access_keys(),
+                                 agent=ssm_agents.agent, probe=keyed_probe, on_progress=None)
+    new = after.node("node1").instance_id
+    assert new != old and ssm_agents.sent[2:] == [[new]]
+    assert {c.node("node0").instance_id, new} <= aws.keys_installed(after)
+
+
+def access_keys() -> list[str]:
+    return aws.access.host_keys_from_console(RECORDED)
+
+
+def test_send_command_is_retried_with_backoff_while_ssm_says_invalid_instance_id(env, ssm_agents):
+    deploy(workers=2)
+    sess = aws.session()
+    c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
+    ids = {n.instance_id for n in c.nodes}
+    ssm_agents.registered |= ids
+    ssm_agents.refuse = 2  # the agents answer their ping, but SSM refuses the first two commands
+    now, slept, clock, sleep = fake_time()
+    assert aws.install_keys(sess, c, online=ids, clock=clock, sleep=sleep) == ["node0", "node1"]
+    assert slept == [2, 4] and ssm_agents.sent == [sorted(ids)]
+    # Done once: a second call sends nothing.
+    assert aws.install_keys(sess, c, online=ids, clock=clock, sleep=sleep) == [] and len(ssm_agents.sent) == 1
+
+
+def test_send_command_refused_until_the_deadline_is_one_line_naming_the_nodes(env, ssm_agents):
+    deploy(workers=2)
+    sess = aws.session()
+    c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
+    ids = {n.instance_id for n in c.nodes}  # online, never registered for commands
+    now, slept, clock, sleep = fake_time()
+    with pytest.raises(LaunchError) as e:
+        aws.install_keys(sess, c, online=ids, clock=clock, sleep=sleep)
+    msg = str(e.value)
+    assert "\n" not in msg and "InvalidInstanceId" in msg and "after 300 s" in msg
+    assert all(f"{n.name} ({n.instance_id})" in msg for n in c.nodes)
+    assert now[0] <= 300 and len(slept) > 3 and aws.keys_installed(c) == set()
+
+
+def test_a_failed_key_install_names_the_node_its_status_and_stderr(env, ssm_agents):
+    deploy(workers=2)
+    sess = aws.session()
+    c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
+    ids = {n.instance_id for n in c.nodes}
+    ssm_agents.registered |= ids
+    node0, node1 = c.node("node0").instance_id, c.node("node1").instance_id
+    ssm_agents.invocations = {
+        node0: ["missing", {"Status": "InProgress", "StatusDetails": "InProgress"},
+                {"Status": "Success", "StatusDetails": "Success"}],
+        node1: ["missing", {"Status": "Failed", "StatusDetails": "Failed", "ResponseCode": 1,
+                            "StandardErrorContent": "install: invalid user 'ubuntu'\n"}]}
+    now, slept, clock, sleep = fake_time()
+    with pytest.raises(LaunchError) as e:
+        aws.install_keys(sess, c, online=ids, clock=clock, sleep=sleep)
+    assert str(e.value) == (f"installing the launcher's key over SSM failed on node1 ({node1}): Failed: "
+                            f"install: invalid user 'ubuntu'")
+    assert aws.keys_installed(c) == {node0}  # node0's success is kept: the next attempt sends to node1 only
+    ssm_agents.invocations = {}
+    assert aws.install_keys(sess, c, online=ids, clock=clock, sleep=sleep) == ["node1"]
+    assert ssm_agents.sent[-1] == [node1]
+
+
+def test_a_key_install_that_never_ends_is_one_line(env, ssm_agents):
+    deploy(workers=1)
+    sess = aws.session()
+    c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
+    iid = c.node("node0").instance_id
+    ssm_agents.registered.add(iid)
+    ssm_agents.invocations = {iid: [{"Status": "Delayed", "StatusDetails": "Delayed"}]}
+    now, slept, clock, sleep = fake_time()
+    with pytest.raises(LaunchError) as e:
+        aws.install_keys(sess, c, online={iid}, clock=clock, sleep=sleep)
+    assert str(e.value) == f"installing the launcher's key over SSM failed on node0 ({iid}): still Delayed after 300 s"
