@@ -20,7 +20,7 @@ from pathlib import Path
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
 
-from infra import catalog, ttl
+from infra import ttl
 from launcher import access, discover, lifecycle, readiness
 from launcher.cluster import Cluster, Node, cluster_dir, save
 from launcher.errors import LaunchError
@@ -330,16 +330,6 @@ def gather_facts(sess: boto3.Session, c: Cluster, *, probe: Probe,
             cloud_init=p.get("cloud_init") or None, gpus=int(p["gpus"]) if p.get("gpus", "").isdigit() else None,
             efa=int(p["efa"]) if p.get("efa", "").isdigit() else None, ssh_error=error))
     return facts
-
-
-def expected_devices(c: Cluster) -> dict[str, tuple[int, int]]:
-    """Per node, (GPUs, EFA devices) it must show: the catalog's GPUs; EFA devices when its role's transport is EFA."""
-    out = {}
-    for n in c.nodes:
-        entry = catalog.get(n.instance_type or c.instance_type or "")
-        efa = entry.efa_cards if entry.has_efa and (n.role == "worker" or entry.family in ("c5n", "p3dn", "g5")) else 0
-        out[n.name] = (entry.gpus, efa)
-    return out
 
 
 def leftover_instances(sess: boto3.Session, stack: str) -> list[tuple[str, str]]:

@@ -66,7 +66,7 @@ def connect_ready(sess: boto3.Session, stack: str, *, profile: str | None = None
             say(f"the launcher's key is on {', '.join(done)} (SSM)")
         return aws.gather_facts(sess, cur, probe=probe or ssh_probe, agent=lambda ids: online)
 
-    readiness.wait_ready(gather, aws.expected_devices(c), timeout_s=timeout_s, interval_s=interval_s,
+    readiness.wait_ready(gather, readiness.expected_devices(c), timeout_s=timeout_s, interval_s=interval_s,
                          on_progress=on_progress, **timing)
     return state["cluster"]
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ami import paths
 from infra import catalog
 from launcher.cluster import AwsInfo, Cluster, Node
 from launcher.errors import LaunchError
@@ -24,7 +25,7 @@ __all__ = ["LIVE_STATES", "NODE_HOME", "NODE_PYTHON", "NODE_USER", "Instance", "
 
 NODE_USER = "ubuntu"                              # the Ubuntu images' (and DLAMI's) login user
 NODE_HOME = f"/home/{NODE_USER}"
-NODE_PYTHON = "/opt/scaletrain/venv/bin/python"  # ami/render.py's VENV
+NODE_PYTHON = paths.PYTHON                        # the image's venv (ami/paths.py)
 NODE_STATE = f"{NODE_HOME}/.scaletrain/cluster"   # on the nodes: the cluster's ssh_config, key, known_hosts
 LIVE_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
 TAG_CLUSTER, TAG_ROLE, TAG_GROUP = "scaletrain:cluster", "scaletrain:role", "aws:autoscaling:groupName"
@@ -40,6 +41,11 @@ class NodeGroup(BaseModel):
     nodes: int
     transport: Literal["efa", "tcp"]
     efa_devices: list[dict[str, Any]] = []
+
+    @property
+    def efa_device_count(self) -> int:
+        """EFA devices a node of this group shows: its interfaces of type efa or efa-only (infra.layout)."""
+        return sum(1 for i in self.efa_devices if i.get("interface_type") in ("efa", "efa-only"))
 
 
 class StackOutputs(BaseModel):
@@ -139,10 +145,15 @@ def build_cluster(outputs: StackOutputs, instances: list[Instance], *, stack: st
     nodes = []
     for name, inst in name_nodes(instances):
         entry = catalog.get(inst.instance_type)
+        # Transport and EFA devices as the stack gave the node's group (reducers beside P4d/P5 and -c efa=false
+        # stacks are on TCP, with no EFA device), never guessed from what the instance type could have.
+        group = outputs.group(inst.role)
+        efa = group is not None and group.transport == "efa"
         nodes.append(Node(name=name, address=inst.private_ip or "", role=inst.role,
                           slots=entry.gpus if inst.role == "worker" else 0, cpus=entry.vcpus, gpus=entry.gpus,
                           workdir=f"{NODE_HOME}/scaletrain", instance_id=inst.instance_id,
-                          instance_type=inst.instance_type, launched_at=inst.launch_time))
+                          instance_type=inst.instance_type, launched_at=inst.launch_time,
+                          transport="efa" if efa else "tcp", efa_devices=group.efa_device_count if efa else 0))
     if not any(n.role == "worker" for n in nodes):
         raise LaunchError(f"stack '{stack}' in {region} has no running worker instance (tag "
                           f"{TAG_CLUSTER}={outputs.cluster_name}); its nodes may still be launching or were stopped")
@@ -152,4 +163,5 @@ def build_cluster(outputs: StackOutputs, instances: list[Instance], *, stack: st
                    ttl_schedule_group=outputs.ttl_schedule_group, software=software,
                    node_ssh_config=f"{NODE_STATE}/ssh_config")
     return Cluster(name=stack, backend="aws", nodes=nodes, user=NODE_USER, ssh_config=ssh_config,
-                   known_hosts=known_hosts, python=NODE_PYTHON, instance_type=outputs.instance_type, aws=info)
+                   known_hosts=known_hosts, python=NODE_PYTHON, mpirun=paths.MPIRUN, mpi_prefix=paths.MPI_PREFIX,
+                   instance_type=outputs.instance_type, aws=info)

@@ -14,6 +14,7 @@ from ami import paths
 from ami.render import ami_tags, load_versions, software_versions
 from infra import catalog
 from infra.layout import beegfs_layout
+from infra.spec import ClusterSpec
 from launcher import access, dataprep, discover, efa, lifecycle, plan, readiness, staging, storage
 from launcher.errors import LaunchError
 
@@ -22,13 +23,24 @@ FAMILIES = ["p3.16xlarge", "p3dn.24xlarge", "p4d.24xlarge", "p5.48xlarge"]
 SPEC = plan.TrainSpec(data="/fsx/scaletrain/data/shards", output="/fsx/scaletrain/runs/r1", epochs=90)
 
 
-def outputs(instance_type: str, *, reducers: int = 0, storage_kind: str = "beegfs") -> discover.StackOutputs:
+def node_groups(spec: ClusterSpec) -> list[dict]:
+    """The stack's NodeGroups output for ``spec``, as infra/stack.py builds it (tests/test_infra.py pins its shape):
+    each group's transport and interfaces from the spec."""
+    groups = [{"role": "worker", "group_name": "c1-Workers", "instance_type": spec.instance_type, "nodes": spec.nodes,
+               "transport": "efa" if spec.worker_efa else "tcp",
+               "efa_devices": [i.as_dict() for i in spec.worker_interfaces]}]
+    if spec.reducers:
+        groups.append({"role": "reducer", "group_name": "c1-Reducers", "instance_type": spec.reducer_type,
+                       "nodes": spec.reducers, "transport": spec.reducer_transport,
+                       "efa_devices": [i.as_dict() for i in spec.reducer_interfaces]})
+    return groups
+
+
+def outputs(instance_type: str, *, reducers: int = 0, storage_kind: str = "beegfs",
+            efa: bool | None = None) -> discover.StackOutputs:
     worker = catalog.get(instance_type)
-    groups = [{"role": "worker", "group_name": "c1-Workers", "instance_type": instance_type, "nodes": 2,
-               "transport": "efa" if worker.has_efa else "tcp", "efa_devices": []}]
-    if reducers:
-        groups.append({"role": "reducer", "group_name": "c1-Reducers", "instance_type": "c5n.18xlarge",
-                       "nodes": reducers, "transport": "tcp", "efa_devices": []})
+    groups = node_groups(ClusterSpec(cluster_name="c1", instance_type=instance_type, nodes=2, reducers=reducers,
+                                     efa=efa, ami="ami-0123456789abcdef0"))
     mount = beegfs_layout(worker, reducers=reducers) if storage_kind == "beegfs" else {
         "file_system_id": "fs-0123456789abcdef0", "dns_name": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
         "mount_name": "abcdefgh", "mount_point": "/fsx", "mount_options": "relatime,flock", "capacity_gib": 1200,
@@ -55,8 +67,9 @@ def instances(instance_type: str, workers: int, reducers: int = 0) -> list[disco
 SOFTWARE = discover.software_from_tags(ami_tags(load_versions(), "ubuntu"))
 
 
-def cluster(instance_type: str, workers: int = 2, reducers: int = 0, storage_kind: str = "beegfs"):
-    return discover.build_cluster(outputs(instance_type, reducers=reducers, storage_kind=storage_kind),
+def cluster(instance_type: str, workers: int = 2, reducers: int = 0, storage_kind: str = "beegfs",
+            efa: bool | None = None):
+    return discover.build_cluster(outputs(instance_type, reducers=reducers, storage_kind=storage_kind, efa=efa),
                                   instances(instance_type, workers, reducers), stack="c1", region="us-east-1",
                                   profile=None, ssh_config="/home/me/.scaletrain/clusters/c1/ssh_config",
                                   known_hosts="/home/me/.scaletrain/clusters/c1/known_hosts", software=SOFTWARE)
@@ -81,6 +94,8 @@ def test_hostfile_argv_and_env_per_family(instance_type):
                                    mca=efa.mpi_mca(instance, mpi_interface=c.mpi_interface))
     doc = {"hostfile": plan.hostfile(c.workers), "env": env, "mpirun": argv}
     assert_golden(f"aws-{instance_type}.json", json.dumps(doc, indent=1) + "\n")
+    # The image's Open MPI by absolute path, and --prefix for the remote orted: not on a non-login shell's PATH.
+    assert argv[:3] == [paths.MPIRUN, "--prefix", paths.MPI_PREFIX] and c.python == paths.PYTHON
     if not instance.has_efa:
         assert env == {} and not any(a.startswith("FI_") for a in argv)
     else:  # the image's aws-ofi-nccl (>= 1.7) and libfabric (>= 1.18) need none of the old workarounds
@@ -121,6 +136,41 @@ def test_a_discovered_cluster_runs_with_the_plan_launch_plan_shows(instance_type
     assert mca == efa.mpi_mca(instance, mpi_interface=c.mpi_interface)
     argv = plan.launch_argv(c, c.workers, [], SPEC, f"{SPEC.output}/hostfile", fabric_env=fabric, mca=mca)
     assert argv == plan.fabric_mpirun_argv(c, c.workers, SPEC, f"{SPEC.output}/hostfile", fabric_env=fabric, mca=mca)
+
+
+# --- Each node group's transport and EFA devices come from the stack's NodeGroups output -------------------------
+
+
+def test_reducers_beside_p4d_are_on_tcp_expect_no_efa_device_and_get_no_efa_env():
+    # EFA traffic does not cross P4d/P5 and other families: the stack gives the c5n reducers one plain interface.
+    c = cluster("p4d.24xlarge", workers=2, reducers=2)
+    assert [(n.name, n.transport, n.efa_devices) for n in c.nodes] == [
+        ("node0", "efa", 4), ("node1", "efa", 4), ("reducer0", "tcp", 0), ("reducer1", "tcp", 0)]
+    assert readiness.expected_devices(c) == {"node0": (8, 4), "node1": (8, 4), "reducer0": (0, 0), "reducer1": (0, 0)}
+    ready = readiness.NodeFacts("reducer0", "running", True, ssh_ok=True, cloud_init="done", gpus=0, efa=0)
+    assert readiness.verdict(ready, gpus=0, efa=0).ready
+    fabric, mca = efa.for_cluster(c)
+    argv = plan.launch_argv(c, c.workers, c.reducers, SPEC.model_copy(update={"engine": "reducer", "reducers": 2}),
+                            "/h", fabric_env=fabric, mca=mca)
+    workers, reducers = argv[:argv.index(":")], argv[argv.index(":"):]
+    assert "FI_EFA_USE_HUGE_PAGE=0" in workers and not any(a.startswith(("FI_", "NCCL_")) for a in reducers)
+
+
+def test_reducers_beside_p3dn_use_their_efa_device():
+    c = cluster("p3dn.24xlarge", workers=2, reducers=1)
+    assert [(n.transport, n.efa_devices) for n in c.reducers] == [("efa", 1)]
+    assert readiness.expected_devices(c)["reducer0"] == (0, 1)
+
+
+def test_an_efa_false_stack_expects_no_efa_device_and_sets_no_efa_env():
+    c = cluster("p4d.24xlarge", efa=False)
+    assert readiness.expected_devices(c) == {"node0": (8, 0), "node1": (8, 0)}
+    assert not efa.uses_efa(c) and efa.for_cluster(c) == ({}, [])
+    argv = plan.launch_argv(c, c.workers, [], SPEC, "/h", fabric_env={}, mca=[])
+    assert not any(a.startswith(("FI_", "NCCL_")) for a in argv) and argv[argv.index("btl") + 1] == "^openib"
+    # What a node of that stack shows (8 GPUs, no EFA device) is ready; it used to wait for 4 devices.
+    shows = readiness.NodeFacts("node0", "running", True, ssh_ok=True, cloud_init="done", gpus=8, efa=0)
+    assert readiness.verdict(shows, gpus=8, efa=0).ready
 
 
 def test_the_local_cluster_gets_no_fabric_settings():
