@@ -26,8 +26,23 @@ local_app = typer.Typer(no_args_is_help=True, help="A local cluster of real sshd
 data_app = typer.Typer(no_args_is_help=True, help="Sample data in the ILSVRC2012 layout; conversion to shards.")
 app.add_typer(local_app, name="local")
 app.add_typer(data_app, name="data")
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# rich sizes tables to a terminal; when stdout is piped or logged it takes 80 columns (or the width of a terminal on
+# stdin) and squeezes a wide table into unreadable `i…` columns. A log has no width: it gets one no table of ours
+# reaches, so every table is printed at its natural width. An explicit COLUMNS still wins.
+LOG_WIDTH = 1000
+
+
+def _width(stream) -> int | None:
+    """None (rich measures the terminal) on a terminal or with COLUMNS set; LOG_WIDTH for a pipe or a file."""
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    return None if terminal or os.environ.get("COLUMNS", "").isdigit() else LOG_WIDTH
+
+
+console = Console(soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr))
 
 ClusterOpt = typer.Option(None, "--cluster", help="Cluster name; defaults to the only cluster there is.")
 
@@ -662,8 +677,9 @@ def _teardown(c: clusters.Cluster) -> None:
 @app.command("plan")
 def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
              instance_type: str = typer.Option(..., "--instance-type", help="Worker instance type, e.g. p4d.24xlarge."),
-             reducers: int = typer.Option(0, "--reducers", help="CPU nodes of the reducer tier (parameter servers "
-                                                                "with --strategy ps)."),
+             reducers: int = typer.Option(None, "--reducers", help="CPU nodes of the reducer tier (parameter "
+                                                                   "servers with --strategy ps); 0: none. Default: "
+                                                                   "the model's count with --strategy reducers/ps."),
              reducer_type: str = typer.Option(None, "--reducer-type", help="Their instance type; default "
                                                                           "c5n.18xlarge (reducers), m5.24xlarge (ps)."),
              strategy: str = typer.Option(None, "--strategy", help="horovod, reducers or ps; default: reducers "
@@ -687,11 +703,16 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
 
     for name, value, low in (("--nodes", nodes, 1), ("--epochs", epochs, 1), ("--batch-per-gpu", batch_per_gpu, 1),
                              ("--images-per-epoch", images_per_epoch, 1), ("--reducers", reducers, 0)):
-        if value < low:
+        if value is not None and value < low:
             raise LaunchError(f"{name} must be >= {low}, got {value}")
     if market not in MARKETS:
         raise LaunchError(f"unknown market '{market}'; choose one of: {', '.join(MARKETS)}")
     workers = costshell.instance(instance_type)
+    # An explicit --reducers 0 means no tier; only a count left out takes the model's default.
+    if reducers == 0 and reducer_type and strategy is None:
+        err.print(f"warning: --reducers 0 plans no reducer tier; --reducer-type {reducer_type} is not used",
+                  markup=False, highlight=False)
+        reducer_type = None
     strategy = strategy or ("reducers" if reducers or reducer_type else "horovod")
     if strategy not in costmodel.STRATEGIES:
         raise LaunchError(f"unknown strategy '{strategy}'; choose one of: {', '.join(costmodel.STRATEGIES)}")
@@ -707,7 +728,7 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         err.print(f"warning: {line}", markup=False, highlight=False)
     try:
         doc = offline.plan_document(
-            workers, nodes, workload, strategy=strategy, tier=tier, tier_nodes=reducers or None,
+            workers, nodes, workload, strategy=strategy, tier=tier, tier_nodes=reducers,
             batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, gpu_throughput=gpu_throughput,
             precision=precision, measured=figures, price=book.quote(workers.name, market),  # type: ignore[arg-type]
             tier_price=book.quote(tier.name, market) if tier else None,  # type: ignore[arg-type]

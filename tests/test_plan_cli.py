@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from golden import assert_golden
 
+from ami import paths
+from ami.render import load_versions
 from infra.catalog import get
 from launcher import cli, efa, offline, plan
 from launcher.costmodel import imagenet
 from launcher.efa import SoftwareVersions
 
+ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ["p3.16xlarge", "p3dn.24xlarge", "p4d.24xlarge", "p5.48xlarge"]
 CONTRACT = {"hostfile", "mpirun", "env", "efa_devices", "lr_schedule", "estimate"}
 ESTIMATE_KEYS = {"images_per_sec", "scaling_efficiency", "step_time_s", "comm_time_s", "time_to_train_s", "cost_usd"}
@@ -37,6 +42,9 @@ def test_plan_json_golden(name, tmp_path, monkeypatch, capsys):
     doc = json.loads(out)
     assert doc.keys() >= CONTRACT and doc["estimate"].keys() >= ESTIMATE_KEYS
     assert doc == offline.plan_document(get(name), 2, imagenet(90))
+    # The image's paths: its Open MPI by absolute path with --prefix for the remote orted, its venv's python.
+    assert doc["mpirun"][:3] == [paths.MPIRUN, "--prefix", paths.MPI_PREFIX]
+    assert paths.PYTHON in doc["mpirun"] and doc["placeholders"]["python"] == paths.PYTHON
 
 
 def test_plan_json_golden_with_reducers(tmp_path, monkeypatch, capsys):
@@ -52,6 +60,50 @@ def test_plan_json_golden_with_reducers(tmp_path, monkeypatch, capsys):
         f"reducer{i} slots=1\n" for i in range(4))
     assert ":" in doc["mpirun"] and doc["mpirun"][-4:-2] == ["-m", "training.reducer"]
     assert doc["estimate"]["strategy"] == "reducers" and doc["estimate"]["tier_nodes"] == 4
+
+
+def test_reducers_0_means_no_reducer_tier(tmp_path, monkeypatch, capsys):
+    # An explicit 0 is not "not given": it used to plan the model's default of 8 reducers.
+    code, out, err = launch_plan(["--nodes", "8", "--instance-type", "p4d.24xlarge", "--reducers", "0",
+                                  "--reducer-type", "c5n.18xlarge", "--json"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["shape"]["strategy"], doc["shape"]["reducers"], doc["reducer_nodes"]) == ("horovod", 0, [])
+    assert doc["estimate"]["tier_nodes"] == 0 and ":" not in doc["mpirun"]
+    assert doc["hostfile"] == "".join(f"node{i} slots=8\n" for i in range(8))
+    assert err == "warning: --reducers 0 plans no reducer tier; --reducer-type c5n.18xlarge is not used\n"
+    # Left out, the count is the model's; asked for a tier with none in it, one line says so.
+    code, out, err = launch_plan(["--nodes", "8", "--instance-type", "p4d.24xlarge", "--reducer-type",
+                                  "c5n.18xlarge", "--json"], tmp_path, monkeypatch, capsys)
+    assert code == 0 and json.loads(out)["shape"]["reducers"] == 8
+    code, out, err = launch_plan(["--nodes", "8", "--instance-type", "p4d.24xlarge", "--strategy", "reducers",
+                                  "--reducers", "0"], tmp_path, monkeypatch, capsys)
+    assert code != 0 and out == "" and err == "error: the reducers strategy needs at least 1 reducer node, got 0\n"
+
+
+# --- Tables in a pipe or a log ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "--nodes", "8", "--instance-type", "p4d.24xlarge"],
+    ["plan", "--nodes", "4", "--instance-type", "p3dn.24xlarge", "--reducers", "4"],
+    ["cost", "--nodes", "1,16"],
+], ids=["plan", "plan-reducers", "cost"])
+def test_tables_stay_readable_when_output_is_piped(args, tmp_path):
+    # stdout a pipe (as with `| cat` or `> log`), no COLUMNS: rich used to take 80 columns and cut cells to `i…`.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env |= {"SCALETRAIN_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    extra = ["--out", str(tmp_path / "report")] if args[0] == "cost" else []
+    proc = subprocess.run([sys.executable, "-m", "launcher", *args, *extra], capture_output=True, text=True,
+                          env=env, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("│", "┃"))]
+    assert rows, proc.stdout
+    assert "…" not in proc.stdout, proc.stdout
+    # One line per row: no cell wrapped onto a continuation line whose first cell is empty.
+    assert not [ln for ln in rows if ln.startswith("│ ") and ln.split("│")[1].strip() == ""], proc.stdout
+    if args[0] == "cost":
+        assert "│ 16 x p5.48xlarge " in proc.stdout
 
 
 # --- What the plan says, family by family ----------------------------------------------------------------------
@@ -75,14 +127,18 @@ def test_efa_types_get_interfaces_per_card_and_the_efa_env(name, cards, rdma):
         assert dev["node"] == node
         assert [(i["network_card_index"], i["device_index"]) for i in dev["interfaces"]] == \
             [(0, 0)] + [(card, 1) for card in range(1, cards)]
-    env = doc["env"]
-    assert env["FI_PROVIDER"] == "efa" and env["NCCL_PROTO"] == "simple"
-    assert ("FI_EFA_USE_DEVICE_RDMA" in env) == rdma
+    # The plan is for the image ami/ builds: its aws-ofi-nccl and libfabric need none of the old workarounds.
+    assert doc["software"] == {"aws_ofi_nccl": load_versions().aws_ofi_nccl, "libfabric": load_versions().libfabric}
+    assert doc["env"] == {"OMP_NUM_THREADS": str(get(name).vcpus // get(name).gpus), "PYTHONUNBUFFERED": "1",
+                          "HOROVOD_CYCLE_TIME": "1", "FI_EFA_USE_HUGE_PAGE": "0"}
+    # An image with software old enough to need them gets them (the cheatsheet's presets).
+    old = offline.plan_document(get(name), 2, imagenet(90), versions=SoftwareVersions(aws_ofi_nccl="1.5.0"))["env"]
+    assert old["FI_PROVIDER"] == "efa" and old["NCCL_PROTO"] == "simple" and ("FI_EFA_USE_DEVICE_RDMA" in old) == rdma
     argv = doc["mpirun"]
     assert argv[argv.index("btl") + 1] == "tcp,self"
     assert argv[argv.index("btl_tcp_if_exclude") + 1] == "lo,docker0"
-    assert "FI_PROVIDER=efa" in argv and argv[argv.index("FI_PROVIDER=efa") - 1] == "-x"
-    assert argv.index("FI_PROVIDER=efa") < argv.index("training.train")
+    assert "FI_EFA_USE_HUGE_PAGE=0" in argv and argv[argv.index("FI_EFA_USE_HUGE_PAGE=0") - 1] == "-x"
+    assert argv.index("FI_EFA_USE_HUGE_PAGE=0") < argv.index("training.train")
 
 
 def test_lr_schedule_is_seed_000s_at_every_epoch_boundary():
@@ -106,7 +162,10 @@ def test_offline_plan_does_not_import_torch():
 
 
 @pytest.mark.parametrize(("versions", "expected"), [
-    (None, {"FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE", "FI_PROVIDER", "NCCL_PROTO"}),
+    # Unknown: current software's settings, not the oldest (NCCL_PROTO=simple costs bandwidth); DEVICE_RDMA is
+    # harmless on current software and kept for p4/p5.
+    (None, {"FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE"}),
+    (SoftwareVersions(libfabric="1.22.0amzn4.0"), {"FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE"}),
     (SoftwareVersions(aws_ofi_nccl="1.5.0"), {"FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE", "FI_PROVIDER",
                                               "NCCL_PROTO"}),
     (SoftwareVersions(aws_ofi_nccl="1.6.0-aws"), {"FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE"}),
@@ -118,8 +177,9 @@ def test_fabric_env_follows_the_aws_ofi_nccl_cheatsheet_by_version(versions, exp
 
 
 def test_fabric_env_without_rdma_and_without_efa():
-    assert efa.fabric_env(get("p3dn.24xlarge")) == {"FI_EFA_USE_HUGE_PAGE": "0", "FI_PROVIDER": "efa",
-                                                    "NCCL_PROTO": "simple"}
+    assert efa.fabric_env(get("p3dn.24xlarge")) == {"FI_EFA_USE_HUGE_PAGE": "0"}
+    assert efa.fabric_env(get("p3dn.24xlarge"), SoftwareVersions(aws_ofi_nccl="1.5.0")) == {
+        "FI_EFA_USE_HUGE_PAGE": "0", "FI_PROVIDER": "efa", "NCCL_PROTO": "simple"}
     assert efa.fabric_env(get("p3.16xlarge")) == {}
     assert efa.mpi_mca(get("p3.16xlarge"), mpi_interface=None) == []
     assert efa.mpi_mca(get("p5.48xlarge"), mpi_interface="ens32") == [("pml", "ob1"), ("btl", "tcp,self")]
@@ -147,7 +207,8 @@ def test_plan_prints_tables_without_json(tmp_path, monkeypatch, capsys):
     code, out, err = launch_plan(["--nodes", "8", "--instance-type", "p3.16xlarge"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
     assert out.startswith("plan: 8 x p3.16xlarge, 64 rank(s), Horovod ring allreduce, on-demand")
-    for text in ("41,417 img/s, 90.9% scaling", "mpirun: mpirun -np 64", "hostfile:\nnode0 slots=8",
+    for text in ("41,417 img/s, 90.9% scaling", f"mpirun: {paths.MPIRUN} --prefix {paths.MPI_PREFIX} -np 64",
+                 "hostfile:\nnode0 slots=8",
                  "lr: 0.001 at epoch 0, peak 6.4 at epoch 10, 0 at epoch 90", "time to train"):
         assert text in out
 
