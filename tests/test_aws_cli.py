@@ -8,6 +8,7 @@ import pytest
 from clusterutil import assert_one_line_error, cluster_state, launch
 from test_aws_moto import deploy, env, stack_exists  # noqa: F401 -- env is the moto fixture
 
+from infra import ttl
 from launcher import aws, cli
 from launcher import cluster as clusters
 
@@ -36,8 +37,8 @@ def test_status_extend_ttl_moves_the_deadline_it_then_shows(env, no_console, cap
     out = capsys.readouterr().out
     assert "TTL extended: the stack deletes itself from 2030-01-01 06:00:00 UTC" in out
     assert "deletes itself from 2030-01-01T06:00:00Z" in out  # the table's TTL line reads the new deadline
-    got = boto3.client("scheduler").get_schedule(Name="c1-ttl", GroupName="default")
-    assert got["StartDate"].strftime("%Y-%m-%d %H:%M") == "2030-01-01 06:00"
+    got = boto3.client("ssm").get_parameter(Name=ttl.parameter_name("c1"))["Parameter"]["Value"]
+    assert got == "2030-01-01T06:00:00Z"  # where the cost guard reads its expiry
 
 
 def test_status_extend_ttl_bad_input_is_one_line(env, no_console, capsys):  # noqa: F811
