@@ -72,6 +72,17 @@ def stack_outputs(sess: boto3.Session, stack: str) -> discover.StackOutputs:
     return discover.parse_outputs(stack, found.get("Outputs", []))
 
 
+def current_expiry(sess: boto3.Session, stack: str, deployed: str | None) -> str | None:
+    """The cost guard's expiry as it is now: the SSM parameter the guard reads (infra.ttl), which
+    `launch status --extend-ttl` may have moved from any machine since; the TtlExpiresAt output is only the deploy-time
+    value. A stack without the parameter (no TTL) or a refused read keeps ``deployed``."""
+    try:
+        value = sess.client("ssm").get_parameter(Name=ttl.parameter_name(stack))["Parameter"]["Value"]
+        return ttl.format_expiry(ttl.parse_expiry(value))
+    except (ClientError, BotoCoreError, ValueError):
+        return deployed
+
+
 def cluster_instances(sess: boto3.Session, stack: str, states: tuple[str, ...] = discover.LIVE_STATES
                       ) -> list[discover.Instance]:
     ec2 = sess.client("ec2")
@@ -159,6 +170,7 @@ def discover_cluster(sess: boto3.Session, stack: str, *, profile: str | None = N
     no key yet is listed without one and cannot be reached until a later discovery pins it.
     """
     outputs = stack_outputs(sess, stack)
+    outputs = outputs.model_copy(update={"ttl_expires_at": current_expiry(sess, stack, outputs.ttl_expires_at)})
     found = cluster_instances(sess, stack, ("pending", "running"))
     workers = [i for i in found if i.role == "worker"]
     software = discover.software_from_tags(image_tags(sess, workers[0].image_id)) if workers else {}

@@ -524,3 +524,13 @@ def test_a_key_install_that_never_ends_is_one_line(env, ssm_agents):
     with pytest.raises(LaunchError) as e:
         aws.install_keys(sess, c, online={iid}, clock=clock, sleep=sleep)
     assert str(e.value) == f"installing the launcher's key over SSM failed on node0 ({iid}): still Delayed after 300 s"
+
+
+def test_discovery_reads_the_expiry_as_it_is_now_not_as_deployed(env):
+    """Another machine ran `launch status --extend-ttl`: the guard's parameter moved, the stack's TtlExpiresAt output
+    did not. Discovery here must show the deadline the guard will act on."""
+    deploy()
+    boto3.client("ssm").put_parameter(Name=ttl.parameter_name("c1"), Value="2030-01-02T03:00:00Z", Type="String",
+                                      Overwrite=True)
+    c = aws.discover_cluster(aws.session(), "c1", console=lambda iid: [])
+    assert c.aws.ttl_expires_at == "2030-01-02T03:00:00Z"
