@@ -1,0 +1,169 @@
+"""The trainer's CUDA path on one GPU: runs only where torch.cuda.is_available() (a device machine); skipped here.
+
+Each run is `python -m training.train --engine ddp` with a world of one: DDP over NCCL through env:// on
+127.0.0.1, as bench/gpu.py runs it (no Horovod or mpirun on the device machine). Covered: loss falls on real
+shards read through the loader with pinned, non-blocking copies (fp16 + channels_last, bf16 + contiguous),
+fp16 steps with an inf/nan gradient are skipped (static and dynamic loss scale), a checkpoint written on the GPU
+resumes to the same parameters, --compile trains as eager does, and the NCCL process group itself.
+
+On the device machine, with the wheels bench/gpu.py's docstring names carried in .whl:
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \\
+        PYTHONPATH=/tmp/site python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs an NVIDIA GPU (torch.cuda.is_available() is False): run on a device machine, see the docstring")
+
+# Small and quick on one GPU; 4 classes of the sample data set at 64 px.
+TINY = ["--model", "resnet18", "--image-size", "64", "--batch-per-gpu", "32", "--workers", "2",
+        "--warmup-epochs", "1", "--lr-per-256", "0.8", "--log-every", "1", "--no-tensorboard"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def single_rank_env() -> dict[str, str]:
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": pythonpath, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+
+
+def train(run: Path, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "training.train", "--engine", "ddp", "--output", str(run), *args],
+                          capture_output=True, text=True, env=single_rank_env(), cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def params(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "params-rank0.pt")
+
+
+def epoch_losses(run: Path) -> list[float]:
+    return [r["loss"] for r in metrics(run) if "epoch_time_s" in r]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    from training.convert import convert
+    from training.sample import make_sample
+
+    root = tmp_path_factory.mktemp("gpu-data")
+    make_sample(root / "raw", classes=4, per_class=64, val_per_class=16)
+    convert(root / "raw", root / "shards", shard_size=32, workers=2)
+    return root / "shards"
+
+
+def test_ddp_process_group_is_nccl_with_one_rank(monkeypatch):
+    from training.engine import DDPEngine
+
+    for key, value in single_rank_env().items():
+        monkeypatch.setenv(key, value)
+    engine = DDPEngine(timeout_s=60)
+    try:
+        assert engine.backend == "nccl" and engine.dist.get_backend() == "nccl"
+        assert (engine.rank, engine.size, engine.local_rank) == (0, 1, 0)
+        total = engine.allreduce(torch.full((4,), 3.0, device="cuda"), "sum", name="t")
+        assert total.is_cuda and total.tolist() == [3.0] * 4
+        model, _ = engine.prepare(torch.nn.Linear(4, 2).cuda(), torch.optim.SGD([torch.zeros(1)], lr=0.1),
+                                  fp16_allreduce=False, backward_passes_per_step=1)
+        assert model.device_ids == [0]
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("precision,memory_format", [("fp16", "auto"), ("bf16", "contiguous")])
+def test_loss_falls_on_real_shards_read_with_pinned_copies(shards, tmp_path, precision, memory_format):
+    run = tmp_path / "run"
+    proc = train(run, "--data", str(shards), "--epochs", "4", *TINY, "--precision", precision,
+                 "--memory-format", memory_format)
+    s = summary(run)
+    assert s["engine"] == "ddp" and s["device"] == torch.cuda.get_device_name(0) and s["precision"] == precision
+    assert f"{precision}, cuda" in proc.stdout
+    losses = epoch_losses(run)
+    assert len(losses) == 4 and losses[-1] < losses[0] * 0.8, losses
+    assert s["val_samples"] == 64 and s["top1"] > 0.25  # 4 classes: better than chance
+
+
+def test_fp16_steps_with_inf_gradients_are_skipped(tmp_path):
+    # A static scale so large that every fp16 gradient overflows: every step skipped, weights never move.
+    run = tmp_path / "inf"
+    train(run, "--synthetic", "--num-classes", "10", "--epochs", "1", "--steps-per-epoch", "6", *TINY,
+          "--precision", "fp16", "--loss-scale", "1e30", "--dump-rank-params")
+    assert summary(run)["skipped_steps"] == 6
+    torch.manual_seed(0)
+    from training.model import build_model
+
+    initial = dict(build_model("resnet18", 10).named_parameters())
+    final = params(run)
+    assert all(torch.equal(final[k], initial[k].detach()) for k in final)
+
+    # Dynamic scaling from 2**24: halved on each overflow, some steps skipped, the rest applied.
+    run = tmp_path / "dynamic"
+    train(run, "--synthetic", "--num-classes", "10", "--epochs", "1", "--steps-per-epoch", "20", *TINY,
+          "--precision", "fp16", "--initial-loss-scale", str(2.0**24))
+    scales = [r["loss_scale"] for r in metrics(run) if "loss_scale" in r]
+    assert scales[0] < 2.0**24 and scales == sorted(scales, reverse=True)
+    assert 0 < summary(run)["skipped_steps"] < 20
+
+
+def test_a_gpu_checkpoint_resumes_to_the_same_parameters(tmp_path):
+    args = ["--synthetic", "--num-classes", "10", "--epochs", "2", "--steps-per-epoch", "5", *TINY,
+            "--precision", "fp16", "--dump-rank-params"]
+    straight = tmp_path / "straight"
+    train(straight, *args)
+    # The interrupted run: only epoch 0's checkpoint survived; --resume continues with epoch 1.
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copy(straight / "checkpoint-epoch000.pt", resumed)
+    proc = train(resumed, *args, "--resume")
+    assert "resuming from checkpoint-epoch000.pt: epoch 1, step 5" in proc.stdout
+
+    def epoch1(run):
+        return [(r["step"], r["lr"], r.get("loss_scale")) for r in metrics(run) if r["epoch"] == 1]
+    assert epoch1(resumed) == epoch1(straight)  # same steps, learning rates and loss scale, exactly
+    a, b = params(resumed), params(straight)
+    start = torch.load(straight / "checkpoint-epoch000.pt", map_location="cpu", weights_only=False)["model"]
+    moved = max(float((b[k] - start[k]).abs().max()) for k in b)
+    # cuDNN's autotuned kernels and atomics may reorder float sums between two processes: equal to rounding,
+    # and epoch 1 moved the weights far more than that (a resume from the wrong state would show).
+    assert moved > 1e-3
+    assert all(torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-5) for k in b)
+
+
+def test_compile_trains_as_eager_does_on_gpu(tmp_path):
+    args = ["--synthetic", "--num-classes", "10", "--epochs", "1", "--steps-per-epoch", "8", *TINY,
+            "--precision", "fp16"]
+    train(tmp_path / "eager", *args)
+    train(tmp_path / "compiled", *args, "--compile")
+    eager = [r["loss"] for r in metrics(tmp_path / "eager") if "epoch_time_s" not in r]
+    compiled = [r["loss"] for r in metrics(tmp_path / "compiled") if "epoch_time_s" not in r]
+    assert compiled[0] == pytest.approx(eager[0], rel=1e-2)  # same weights, same batch: the same loss
+    assert compiled[-1] < compiled[0]
