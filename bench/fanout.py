@@ -24,7 +24,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="scaletrain-bench-") as home:
         os.environ["SCALETRAIN_HOME"] = home
-        from launcher import local, remote
+        from launcher import remote
+        from launcher.cluster import local
 
         cluster = local.up(args.nodes)
         try:

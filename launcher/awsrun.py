@@ -1,8 +1,9 @@
 """`launch train` (and friends) on a deployed stack: discover -> wait until ready -> storage -> data -> run,
 with the stack deleted in a finally block when asked (also on failure and Ctrl-C).
 
-Only sequencing lives here; decisions are in launcher.discover, readiness, storage, staging and plan, and AWS
-calls in launcher.aws. Every step that touches a node goes through launcher.remote, as on the local cluster.
+Only sequencing lives here; decisions are in launcher.cluster.aws (discover, readiness), storage, staging and plan,
+and AWS calls in launcher.cluster.aws.api. Every step that touches a node goes through launcher.remote, as on the
+local cluster.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import TypeVar
 import boto3
 
 from ami import paths
-from launcher import aws, dataprep, readiness, remote, staging, storage
+from launcher import dataprep, remote, staging, storage
 from launcher.cluster import Cluster, Node
+from launcher.cluster.aws import api as aws
+from launcher.cluster.aws import readiness
 from launcher.errors import LaunchError
 
 T = TypeVar("T")

@@ -16,7 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from launcher import cluster as clusters
-from launcher import local, plan, remote, run
+from launcher import plan, remote, run
+from launcher.cluster import local
 from launcher.errors import LaunchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -200,7 +201,7 @@ def status(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pr
 
 def _aws_cluster(c: clusters.Cluster | None, stack: str, region: str | None, profile: str | None):
     """(session, the cluster as last discovered: rediscovered when this launcher has not seen it yet)."""
-    from launcher import aws
+    from launcher.cluster.aws import api as aws
 
     sess = aws.session(region or (c.aws.region if c and c.aws else None),
                        profile or (c.aws.profile if c and c.aws else None))
@@ -211,7 +212,8 @@ def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, prof
                 extend_ttl: float | None) -> None:
     import datetime as dt
 
-    from launcher import aws, lifecycle
+    from launcher.cluster.aws import api as aws
+    from launcher.cluster.aws import lifecycle
 
     sess, c = _aws_cluster(c, stack, region, profile)
     assert c.aws is not None
@@ -246,7 +248,7 @@ def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, prof
 @app.command("down")
 def down(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Delete an AWS cluster's stack, wait until it is gone, and verify no instance with its tag remains."""
-    from launcher import aws
+    from launcher.cluster.aws import api as aws
 
     c, stack = _target(cluster)
     if stack is None:
@@ -271,7 +273,8 @@ def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", met
     the AZ, vCPU quotas, the capacity reservation, the image. Each failure is one line naming the fix."""
     import json
 
-    from launcher import aws, preflight, preflight_shell
+    from launcher import preflight, preflight_shell
+    from launcher.cluster.aws import api as aws
 
     pairs = list(context or [])
     cdk_json = next((p for p in (Path("cdk.json"), Path(__file__).resolve().parent.parent / "cdk.json")
@@ -302,7 +305,8 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
                  ready_timeout: float = typer.Option(1800, "--ready-timeout", help="Seconds to wait for the nodes."),
                  no_wait: bool = typer.Option(False, "--no-wait", help="Only read the stack; do not wait.")):
     """Find a deployed stack's nodes, pin their host keys, write the ssh_config, and wait until all are ready."""
-    from launcher import aws, awsrun
+    from launcher import awsrun
+    from launcher.cluster.aws import api as aws
 
     stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
     sess = aws.session(region, profile)
@@ -537,7 +541,8 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                 _teardown(c)
         return
 
-    from launcher import aws, awsrun
+    from launcher import awsrun
+    from launcher.cluster.aws import api as aws
 
     sess = aws.session(region or (c.aws.region if c and c.aws else None), profile or (c.aws.profile if c and c.aws
                                                                                        else None))
@@ -668,7 +673,7 @@ def _teardown(c: clusters.Cluster) -> None:
         local.down(c)
         console.print(f"cluster '{c.name}' is down (--teardown)")
     else:
-        from launcher import aws
+        from launcher.cluster.aws import api as aws
 
         assert c.aws is not None
         aws.teardown(aws.session(c.aws.region, c.aws.profile), c.aws.stack)

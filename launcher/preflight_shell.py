@@ -2,7 +2,7 @@
 
 Nothing here decides. A call AWS refuses (AccessDenied, throttling, an API the region lacks) becomes an
 :class:`~launcher.preflight.Unread` fact, so one missing permission costs one check, not the whole preflight; missing
-credentials or region still end the command in one line (``launcher.aws.aws_errors``). The IAM actions used:
+credentials or region still end the command in one line (``launcher.cluster.aws.api.aws_errors``). The IAM actions used:
 ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings, ec2:DescribeCapacityReservations,
 ec2:DescribeCapacityBlockOfferings, ec2:DescribeImages, ssm:GetParameter, servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota, cloudwatch:GetMetricStatistics.
@@ -19,7 +19,7 @@ from botocore.exceptions import ClientError
 
 from infra.spec import ClusterSpec
 from launcher import preflight
-from launcher.aws import aws_errors
+from launcher.cluster.aws.api import aws_errors
 from launcher.preflight import Facts, ImageFacts, Quota, Unread
 
 __all__ = ["gather", "read_block_offerings", "read_image", "read_offerings", "read_quota", "read_reservation"]

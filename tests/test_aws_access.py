@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import access
+from launcher.cluster.aws import access
 
 
 def test_keys_go_to_each_instance_once_and_only_once_its_agent_answers():

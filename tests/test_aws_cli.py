@@ -9,8 +9,9 @@ from clusterutil import assert_one_line_error, cluster_state, launch
 from test_aws_moto import deploy, env, stack_exists  # noqa: F401 -- env is the moto fixture
 
 from infra import ttl
-from launcher import aws, cli
+from launcher import cli
 from launcher import cluster as clusters
+from launcher.cluster.aws import api as aws
 
 
 @pytest.fixture

@@ -20,8 +20,9 @@ from moto import mock_aws
 from ami.render import ami_tags, load_versions
 from infra import catalog, ttl
 from infra.layout import beegfs_layout
-from launcher import aws, awsrun, cli
+from launcher import awsrun, cli
 from launcher import cluster as clusters
+from launcher.cluster.aws import api as aws
 from launcher.errors import LaunchError
 
 RECORDED = (Path(__file__).parent / "data" / "console-output-cloud-init.txt").read_text()

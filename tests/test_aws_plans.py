@@ -15,7 +15,8 @@ from ami.render import ami_tags, load_versions, software_versions
 from infra import catalog
 from infra.layout import beegfs_layout
 from infra.spec import ClusterSpec
-from launcher import access, dataprep, discover, efa, lifecycle, plan, readiness, staging, storage
+from launcher import dataprep, efa, plan, staging, storage
+from launcher.cluster.aws import access, discover, lifecycle, readiness
 from launcher.errors import LaunchError
 
 DATA = Path(__file__).parent / "data"

@@ -15,7 +15,8 @@ from ami.render import ami_tags, load_versions
 from infra import catalog
 from infra.layout import beegfs_layout
 from infra.spec import ClusterSpec
-from launcher import aws, awsrun, efa
+from launcher import awsrun, efa
+from launcher.cluster.aws import api as aws
 from launcher.errors import LaunchError
 
 

@@ -21,8 +21,9 @@ boto3 = pytest.importorskip("boto3")
 
 from infra import guard_function, ttl  # noqa: E402
 from infra.guard import INLINE_CODE_LIMIT, guard_source  # noqa: E402
-from launcher import aws, lifecycle  # noqa: E402
 from launcher.cluster import Cluster, cluster_dir, load  # noqa: E402
+from launcher.cluster.aws import api as aws  # noqa: E402
+from launcher.cluster.aws import lifecycle  # noqa: E402
 from launcher.errors import LaunchError  # noqa: E402
 
 TEMPLATE = json.dumps({"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}})

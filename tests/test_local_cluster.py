@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from clusterutil import alive, assert_one_line_error, cluster_state, launch
 
-from launcher import local
+from launcher.cluster import local
 from launcher.errors import LaunchError
 
 pytestmark = pytest.mark.cluster

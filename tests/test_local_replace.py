@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import local
-from launcher.cluster import Cluster, Node
+from launcher.cluster import Cluster, Node, local
 from launcher.errors import LaunchError
 
 KEY0 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPd+thCJVU0OWwNN2Zo8HNNgfvVHNCXIU/6HUnA4k6IS scaletrain-local-node0"

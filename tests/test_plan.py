@@ -11,8 +11,8 @@ from ami import paths
 from infra.catalog import get
 from launcher import doctor_run, offline, plan, render
 from launcher.cluster import Cluster, Node
+from launcher.cluster.local import cpus_per_node, node_names
 from launcher.errors import LaunchError
-from launcher.local import cpus_per_node, node_names
 
 
 def local_cluster(n: int, user: str = "root", reducers: int = 0) -> Cluster:

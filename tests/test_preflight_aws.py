@@ -15,7 +15,8 @@ from test_aws_moto import env  # noqa: F401 -- the moto fixture
 
 from ami.paths import IMAGE_ID_PARAMETER
 from infra.spec import ClusterSpec
-from launcher import aws, cli, preflight_shell
+from launcher import cli, preflight_shell
+from launcher.cluster.aws import api as aws
 
 NOW = dt.datetime.now(dt.timezone.utc)
 CR = "cr-0123456789abcdef0"

@@ -23,7 +23,7 @@ from clusterutil import (
 )
 
 from launcher import cluster as clusters
-from launcher import local
+from launcher.cluster import local
 from launcher.errors import LaunchError
 
 pytestmark = pytest.mark.cluster

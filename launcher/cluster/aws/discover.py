@@ -1,6 +1,6 @@
 """From a deployed stack to a Cluster: pure functions over what CloudFormation and EC2 report.
 
-launcher.aws fetches (DescribeStacks, DescribeInstances, DescribeImages, GetConsoleOutput); everything that
+launcher.cluster.aws.api fetches (DescribeStacks, DescribeInstances, DescribeImages, GetConsoleOutput); everything that
 decides (which outputs matter, which instance is node0, slots, paths) is here and runs without AWS.
 Nodes are named in ascending private IPv4 order per role, the order the ``StorageMount`` output's
 ``ROLE:INDEX`` entries refer to: workers node0..N-1, reducers reducer0..K-1.

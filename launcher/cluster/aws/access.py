@@ -9,7 +9,7 @@ putting the launcher's key on the nodes over SSM.
 - Host keys are pinned from what each instance printed on its console at first boot (cloud-init's
   ``-----BEGIN SSH HOST KEY KEYS-----`` block), read with EC2 GetConsoleOutput, never accepted on first use.
 - The launcher's public keys reach each node with SSM SendCommand (AWS-RunShellScript), once per instance: the
-  shell (launcher.aws.install_keys) asks, these functions decide what to send where and what came back.
+  shell (launcher.cluster.aws.api.install_keys) asks, these functions decide what to send where and what came back.
 """
 
 from __future__ import annotations

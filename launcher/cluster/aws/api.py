@@ -1,5 +1,5 @@
-"""The boto3 shell of the AWS backend: fetch facts, carry out plans. Decisions live in launcher.discover,
-launcher.readiness, launcher.lifecycle and launcher.access; nothing here decides.
+"""The boto3 shell of the AWS backend: fetch facts, carry out plans. Decisions live beside it in discover, readiness,
+lifecycle and access (launcher.cluster.aws); nothing here decides.
 
 Region and profile come from the standard AWS environment (AWS_REGION / AWS_DEFAULT_REGION, AWS_PROFILE,
 ~/.aws/config) unless given; every AWS failure the user can fix ends as one LaunchError line.
@@ -21,8 +21,8 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
 
 from infra import ttl
-from launcher import access, discover, lifecycle, readiness
 from launcher.cluster import Cluster, Node, cluster_dir, save
+from launcher.cluster.aws import access, discover, lifecycle, readiness
 from launcher.errors import LaunchError
 
 __all__ = ["ConsoleReader", "aws_errors", "console_host_keys", "decode_console", "discover_cluster", "extend_ttl",
@@ -156,7 +156,7 @@ def ssm_online(sess: boto3.Session, instance_ids: list[str]) -> set[str]:
 
 
 def _keypair(directory: Path, name: str, comment: str) -> str:
-    from launcher.local import _keygen
+    from launcher.cluster.local import _keygen
 
     path = directory / name
     return Path(f"{path}.pub").read_text() if path.is_file() else _keygen(path, comment)

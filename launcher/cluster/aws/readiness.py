@@ -1,6 +1,6 @@
 """Is every node really ready? Pure verdicts over gathered facts, and the wait loop around them.
 
-The facts come from launcher.aws (EC2 state, the SSM agent's ping) and from one probe over SSH
+The facts come from launcher.cluster.aws.api (EC2 state, the SSM agent's ping) and from one probe over SSH
 (cloud-init status, GPUs, EFA devices); the clock and the sleep are injected, so the timeout path runs in tests
 in no time. A node is ready when it is running, reachable (SSM agent online, or SSH answering through a
 bastion), cloud-init has finished, and it shows the catalog's GPUs and the EFA devices the stack gave its node group
