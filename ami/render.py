@@ -5,7 +5,7 @@ needs from environment variables (``: "${NAME:?...}"``); :func:`component_env` m
 variables, and :func:`render_component` writes the AWSTOE document (``schemaVersion: 1.0``) that installs the
 script at ``/opt/scaletrain/ami/`` and runs it in the ``build`` phase, again in ``validate``, and, for the image
 test, in ``test``. The AMI carries the versions as ``scaletrain:*`` tags (:func:`ami_tags`), which
-:func:`software_versions` turns back into what ``launcher.efa.fabric_env`` needs.
+:func:`software_versions` turns back into what ``launcher.plans.efa.fabric_env`` needs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ami import paths
-from launcher.efa import SoftwareVersions, versions_of
+from launcher.plans.efa import SoftwareVersions, versions_of
 
 HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions.json"
@@ -251,7 +251,7 @@ def ami_tags(versions: Versions, base: str) -> dict[str, str]:
 
 
 def software_versions(tags: dict[str, str]) -> SoftwareVersions:
-    """What an AMI's tags say about the software that decides the EFA/NCCL environment (launcher.efa)."""
+    """What an AMI's tags say about the software that decides the EFA/NCCL environment (launcher.plans.efa)."""
     return versions_of({k.removeprefix(TAG_PREFIX): v for k, v in tags.items() if k.startswith(TAG_PREFIX)})
 
 

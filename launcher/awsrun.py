@@ -20,11 +20,12 @@ from typing import TypeVar
 import boto3
 
 from ami import paths
-from launcher import dataprep, remote, staging, storage
+from launcher import remote
 from launcher.cluster import Cluster, Node
 from launcher.cluster.aws import api as aws
 from launcher.cluster.aws import readiness
 from launcher.errors import LaunchError
+from launcher.plans import dataprep, staging, storage
 
 T = TypeVar("T")
 

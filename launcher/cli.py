@@ -16,9 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from launcher import cluster as clusters
-from launcher import plan, remote, run
+from launcher import remote, run
 from launcher.cluster import local
 from launcher.errors import LaunchError
+from launcher.plans import job
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="scaletrain: provision a GPU cluster, shard ImageNet, train ResNet-50 with Horovod over "
@@ -273,8 +274,9 @@ def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", met
     the AZ, vCPU quotas, the capacity reservation, the image. Each failure is one line naming the fix."""
     import json
 
-    from launcher import preflight, preflight_shell
+    from launcher import preflight_shell
     from launcher.cluster.aws import api as aws
+    from launcher.plans import preflight
 
     pairs = list(context or [])
     cdk_json = next((p for p in (Path("cdk.json"), Path(__file__).resolve().parent.parent / "cdk.json")
@@ -408,7 +410,7 @@ def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet 
         if src is None:
             raise LaunchError("missing argument SRC (see `launch data convert --help`)")
         if cluster is not None:
-            from launcher import dataprep
+            from launcher.plans import dataprep
 
             if (node_index, node_count) != (0, 1):
                 raise LaunchError("--cluster chooses the nodes itself; leave out --node-index and --node-count")
@@ -480,8 +482,8 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         check_model(model)
     except ValueError as e:
         raise LaunchError(str(e)) from None
-    if engine not in plan.ENGINES:
-        raise LaunchError(f"--engine must be one of: {', '.join(plan.ENGINES)}; got '{engine}'")
+    if engine not in job.ENGINES:
+        raise LaunchError(f"--engine must be one of: {', '.join(job.ENGINES)}; got '{engine}'")
     if reducers < 0:
         raise LaunchError(f"--reducers must be >= 0, got {reducers}")
     if reducers and engine not in ("horovod", "reducer"):
@@ -501,7 +503,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     if not stall_timeout >= 0:
         raise LaunchError(f"--stall-timeout must be a number of seconds >= 0 (0: no silence check), "
                           f"got {stall_timeout:g}")
-    from launcher import watchdog
+    from launcher.plans import watchdog
 
     watch = watchdog.Watch(interval_s=probe_interval, misses=probe_misses, stall_s=stall_timeout)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -511,17 +513,17 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         if reducers > len(c.reducers):
             raise LaunchError(f"--reducers {reducers} is more than the {len(c.reducers)} reducer node(s) of cluster "
                               f"'{c.name}'; bring one up with `launch local up --nodes N --reducers K`")
-        spec = plan.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
-                              batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
-                              resume=resume, engine=engine, reducers=reducers,
-                              extra_args=tuple(trainer_args or ()))
+        spec = job.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
+                             batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
+                             resume=resume, engine=engine, reducers=reducers,
+                             extra_args=tuple(trainer_args or ()))
         result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers], watch=watch)
         if c.backend == "aws":  # the run directory is on the cluster's storage, which --teardown deletes
             _fetch_record(c, chosen[0], out, newest_checkpoint=teardown)
         if result.stopped:  # the watchdog's reason: a hung node would only stall a probe of who answers
             raise LaunchError(f"training failed: {result.stopped} (output above); run directory {out}")
         if result.exit_code != 0:
-            from launcher import faults
+            from launcher.plans import faults
 
             used = chosen + c.reducers[:reducers]
             # Which nodes still answer: a node that went away is the likeliest cause, and mpirun may not name it.
@@ -589,7 +591,7 @@ def _target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:
     return None, cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
 
 
-def _report(chosen, spec: plan.TrainSpec, result: run.RunResult, cluster: clusters.Cluster | None = None) -> None:
+def _report(chosen, spec: job.TrainSpec, result: run.RunResult, cluster: clusters.Cluster | None = None) -> None:
     import datetime as dt
 
     from launcher import costmodel, costshell, measured
@@ -703,7 +705,8 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     """The plan and estimate for one cluster shape, offline: hostfile, mpirun, env, EFA devices, LR schedule, cost."""
     import json
 
-    from launcher import costmodel, costshell, offline
+    from launcher import costmodel, costshell
+    from launcher.plans import offline
     from launcher.pricing import MARKETS, PriceUnavailable
 
     for name, value, low in (("--nodes", nodes, 1), ("--epochs", epochs, 1), ("--batch-per-gpu", batch_per_gpu, 1),
@@ -777,7 +780,7 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         console.print(f"{e.strategy} nodes: {', '.join(doc['reducer_nodes'])} ({e.tier_type})")
     console.print("env: " + " ".join(f"{k}={v}" for k, v in doc["env"].items()), markup=False, highlight=False)
     console.print("hostfile:\n" + doc["hostfile"].rstrip(), markup=False, highlight=False)
-    console.print("mpirun: " + plan.command_line(doc["mpirun"]), markup=False, highlight=False)
+    console.print("mpirun: " + job.command_line(doc["mpirun"]), markup=False, highlight=False)
     schedule = doc["lr_schedule"]
     peak_epoch, peak = max(schedule, key=lambda row: row[1])
     console.print(f"lr: {schedule[0][1]:g} at epoch 0, peak {peak:g} at epoch {peak_epoch}, {schedule[-1][1]:g} at "

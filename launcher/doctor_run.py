@@ -10,10 +10,11 @@ import time
 
 from ami import paths
 from infra import catalog
-from launcher import doctor, efa, plan, remote
+from launcher import doctor, remote
 from launcher.cluster import Cluster, Node
 from launcher.doctor import Check
 from launcher.errors import LaunchError
+from launcher.plans import efa, job
 
 NCCL_TESTS = f"{paths.NCCL_TESTS}/all_reduce_perf"
 
@@ -28,7 +29,7 @@ def _clock(cluster: Cluster, nodes: list[Node]) -> dict[str, Check]:
 
 def mpi_hello_argv(cluster: Cluster, nodes: list[Node], hostfile_path: str) -> list[str]:
     """One rank per node printing its node's name, over the same ssh_config and MCA settings as training."""
-    argv = plan.mpirun_head(cluster)
+    argv = job.mpirun_head(cluster)
     argv += ["-np", str(len(nodes)), "--hostfile", hostfile_path, "--map-by", "node",
              "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}", "--mca", "pml", "ob1",
              "--mca", "btl", "^openib"]
@@ -40,10 +41,10 @@ def mpi_hello_argv(cluster: Cluster, nodes: list[Node], hostfile_path: str) -> l
 
 def nccl_test_argv(cluster: Cluster, nodes: list[Node], instance: catalog.InstanceType,
                    hostfile_path: str) -> list[str]:
-    """nccl-tests' all_reduce_perf, one rank per GPU on every node, with the EFA environment of launcher.efa (none
+    """nccl-tests' all_reduce_perf, one rank per GPU on every node, with the EFA environment of launcher.plans.efa (none
     where the workers' node group is on TCP)."""
     ranks = sum(n.slots for n in nodes)
-    argv = plan.mpirun_head(cluster)
+    argv = job.mpirun_head(cluster)
     argv += ["-np", str(ranks), "--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
              "--mca", "plm_rsh_agent", f"ssh -F {cluster.mpi_ssh_config}"]
     fabric, mca = efa.for_cluster(cluster)
@@ -58,11 +59,11 @@ def nccl_test_argv(cluster: Cluster, nodes: list[Node], instance: catalog.Instan
 def _across_nodes(cluster: Cluster, nodes: list[Node], argv_for) -> tuple[int, str]:
     first = nodes[0]
     hostfile_path = f"{first.workdir}/doctor-hostfile"
-    code, _ = remote.check(cluster, first, f"printf %s {shlex.quote(plan.hostfile(nodes))} > "
+    code, _ = remote.check(cluster, first, f"printf %s {shlex.quote(job.hostfile(nodes))} > "
                                            f"{shlex.quote(hostfile_path)}")
     if code != 0:
         return code, f"could not write {hostfile_path}"
-    return remote.check(cluster, first, plan.command_line(argv_for(hostfile_path)) + " 2>&1")
+    return remote.check(cluster, first, job.command_line(argv_for(hostfile_path)) + " 2>&1")
 
 
 def diagnose(cluster: Cluster, *, storage: str = "auto") -> list[Check]:

@@ -1,8 +1,9 @@
-"""The boto3 shell of `launch preflight`: read-only AWS calls that fill :class:`launcher.preflight.Facts`.
+"""The boto3 shell of `launch preflight`: read-only AWS calls that fill :class:`launcher.plans.preflight.Facts`.
 
 Nothing here decides. A call AWS refuses (AccessDenied, throttling, an API the region lacks) becomes an
-:class:`~launcher.preflight.Unread` fact, so one missing permission costs one check, not the whole preflight; missing
-credentials or region still end the command in one line (``launcher.cluster.aws.api.aws_errors``). The IAM actions used:
+:class:`~launcher.plans.preflight.Unread` fact, so one missing permission costs one check, not the whole preflight;
+missing credentials or region still end the command in one line (``launcher.cluster.aws.api.aws_errors``). The IAM
+actions used:
 ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings, ec2:DescribeCapacityReservations,
 ec2:DescribeCapacityBlockOfferings, ec2:DescribeImages, ssm:GetParameter, servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota, cloudwatch:GetMetricStatistics.
@@ -18,9 +19,9 @@ import boto3
 from botocore.exceptions import ClientError
 
 from infra.spec import ClusterSpec
-from launcher import preflight
 from launcher.cluster.aws.api import aws_errors
-from launcher.preflight import Facts, ImageFacts, Quota, Unread
+from launcher.plans import preflight
+from launcher.plans.preflight import Facts, ImageFacts, Quota, Unread
 
 __all__ = ["gather", "read_block_offerings", "read_image", "read_offerings", "read_quota", "read_reservation"]
 

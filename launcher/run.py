@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import efa, plan, remote, watchdog
+from launcher import remote
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
+from launcher.plans import efa, job, watchdog
 
 # Data made when `launch train` gets no --data: a small ILSVRC-layout set, converted to shards.
 SAMPLE_CLASSES = 10
@@ -192,8 +193,8 @@ class Watchdog:
 
 
 def fabric_settings(cluster: Cluster, first: Node) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """launcher.efa's env and MPI settings for a run: the image's versions from its tags, else read on the first node
-    (efa.VERSION_PROBE: an AMI copied to another region or account has no tags); what nobody could read counts as
+    """launcher.plans.efa's env and MPI settings for a run: the image's versions from its tags, else read on the first
+    node (efa.VERSION_PROBE: an AMI copied to another region or account has no tags); what nobody could read counts as
     current software, and a warning says so."""
     if not efa.uses_efa(cluster):
         return {}, []
@@ -213,7 +214,7 @@ def fabric_settings(cluster: Cluster, first: Node) -> tuple[dict[str, str], list
     return efa.for_cluster(cluster, versions)
 
 
-def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_data: bool,
+def train(cluster: Cluster, nodes: list[Node], spec: job.TrainSpec, *, make_data: bool,
           reducers: list[Node] | None = None, watch: watchdog.Watch | None = None) -> RunResult:
     """`reducers`: reducer nodes for the reducer tier (spec.engine 'reducer'); one MPMD mpirun starts both.
     `watch`: when to give up on a node that stops answering or a job that stops printing (see Watchdog)."""
@@ -230,18 +231,18 @@ def train(cluster: Cluster, nodes: list[Node], spec: plan.TrainSpec, *, make_dat
     train_images = sum(s["count"] for s in json.loads(text)["shards"] if s["split"] == "train")
 
     hostfile_path = f"{spec.output}/hostfile"
-    hosts = plan.mpmd_hostfile(nodes, reducers) if reducers else plan.hostfile(nodes)
+    hosts = job.mpmd_hostfile(nodes, reducers) if reducers else job.hostfile(nodes)
     _on_first(cluster, first, f"printf %s {shlex.quote(hosts)} > {shlex.quote(hostfile_path)}",
               "writing the hostfile")
     fabric_env, mca = fabric_settings(cluster, first)  # EFA / NCCL settings on AWS; none on the local cluster
-    argv = plan.launch_argv(cluster, nodes, reducers or [], spec, hostfile_path, fabric_env=fabric_env, mca=mca)
+    argv = job.launch_argv(cluster, nodes, reducers or [], spec, hostfile_path, fabric_env=fabric_env, mca=mca)
     tier = f", {len(reducers)} reducer node(s)" if reducers else ""
-    print(f"[launch] {len(nodes)} node(s), {sum(n.slots for n in nodes)} rank(s){tier}: {plan.command_line(argv)}",
+    print(f"[launch] {len(nodes)} node(s), {sum(n.slots for n in nodes)} rank(s){tier}: {job.command_line(argv)}",
           flush=True)
     pidfile = f"{spec.output}/mpirun.pid"  # the shell execs mpirun: its pid is mpirun's, for the watchdog to stop
     with Watchdog(cluster, first, [*nodes, *(reducers or [])], watch or watchdog.Watch(), pidfile) as dog:
         code, lines = remote.stream(cluster, first, f"echo $$ > {shlex.quote(pidfile)} && exec "
-                                    f"{plan.command_line(argv)}", on_line=dog.heard, hangup=dog.hangup)
+                                    f"{job.command_line(argv)}", on_line=dog.heard, hangup=dog.hangup)
     if dog.reason:  # the first node may be the one that hung: ask it nothing more
         return RunResult(code or 1, spec.output, train_images, None, lines, stopped=dog.reason)
 

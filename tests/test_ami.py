@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:  # ami/ is a CDK app beside the package, not part 
     sys.path.insert(0, str(ROOT))
 
 from ami import paths, render  # noqa: E402
-from launcher import efa  # noqa: E402
+from launcher.plans import efa  # noqa: E402
 
 pytest.importorskip("aws_cdk")
 

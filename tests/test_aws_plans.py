@@ -15,9 +15,10 @@ from ami.render import ami_tags, load_versions, software_versions
 from infra import catalog
 from infra.layout import beegfs_layout
 from infra.spec import ClusterSpec
-from launcher import dataprep, efa, plan, staging, storage
 from launcher.cluster.aws import access, discover, lifecycle, readiness
 from launcher.errors import LaunchError
+from launcher.plans import dataprep, efa, staging, storage
+from launcher.plans import job as plan
 
 DATA = Path(__file__).parent / "data"
 FAMILIES = ["p3.16xlarge", "p3dn.24xlarge", "p4d.24xlarge", "p5.48xlarge"]

@@ -15,9 +15,10 @@ from ami.render import ami_tags, load_versions
 from infra import catalog
 from infra.layout import beegfs_layout
 from infra.spec import ClusterSpec
-from launcher import awsrun, efa
+from launcher import awsrun
 from launcher.cluster.aws import api as aws
 from launcher.errors import LaunchError
+from launcher.plans import efa
 
 
 def deploy(spec: ClusterSpec) -> None:

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from clusterutil import alive, cluster_state, launch, tiny_shards
 
-from launcher import awsrun, plan, remote, run
+from launcher import awsrun, remote, run
 from launcher.cluster import AwsInfo, Cluster
 from launcher.cluster.aws import api as aws
 from launcher.errors import LaunchError
+from launcher.plans import job as plan
 
 pytestmark = pytest.mark.cluster
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from clusterutil import assert_one_line_error, launch
 
-from launcher import dataprep
 from launcher.cluster import Cluster, Node
+from launcher.plans import dataprep
 from training.convert import convert
 from training.sample import make_sample
 

@@ -14,8 +14,9 @@ from golden import assert_golden
 from ami import paths
 from ami.render import image_env, load_versions
 from infra import catalog
-from launcher import efa, remote, run
-from launcher.efa import SoftwareVersions
+from launcher import remote, run
+from launcher.plans import efa
+from launcher.plans.efa import SoftwareVersions
 
 DATA = Path(__file__).parent / "data" / "efa-versions"
 P4D = catalog.get("p4d.24xlarge")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import faults
 from launcher.cluster import Node
+from launcher.plans import faults
 
 DATA = Path(__file__).parent / "data" / "mpirun"
 

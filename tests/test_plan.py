@@ -9,10 +9,12 @@ from golden import assert_golden
 
 from ami import paths
 from infra.catalog import get
-from launcher import doctor_run, offline, plan, render
+from launcher import doctor_run, render
 from launcher.cluster import Cluster, Node
 from launcher.cluster.local import cpus_per_node, node_names
 from launcher.errors import LaunchError
+from launcher.plans import job as plan
+from launcher.plans import offline
 
 
 def local_cluster(n: int, user: str = "root", reducers: int = 0) -> Cluster:

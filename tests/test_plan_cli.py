@@ -14,9 +14,11 @@ from golden import assert_golden
 from ami import paths
 from ami.render import load_versions
 from infra.catalog import get
-from launcher import cli, efa, offline, plan
+from launcher import cli
 from launcher.costmodel import imagenet
-from launcher.efa import SoftwareVersions
+from launcher.plans import efa, offline
+from launcher.plans import job as plan
+from launcher.plans.efa import SoftwareVersions
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ["p3.16xlarge", "p3dn.24xlarge", "p4d.24xlarge", "p5.48xlarge"]
@@ -153,12 +155,12 @@ def test_lr_schedule_is_seed_000s_at_every_epoch_boundary():
 
 
 def test_offline_plan_does_not_import_torch():
-    code = ("import sys; import launcher.offline, launcher.costreport, launcher.costshell; "
+    code = ("import sys; import launcher.plans.offline, launcher.costreport, launcher.costshell; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-# --- launcher.efa --------------------------------------------------------------------------------------------------
+# --- launcher.plans.efa -----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("versions", "expected"), [

@@ -10,8 +10,8 @@ import pytest
 from ami.paths import IMAGE_ID_PARAMETER
 from infra import catalog
 from infra.spec import ClusterSpec
-from launcher import preflight
-from launcher.preflight import Facts, ImageFacts, Quota, Unread
+from launcher.plans import preflight
+from launcher.plans.preflight import Facts, ImageFacts, Quota, Unread
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d")

@@ -216,8 +216,8 @@ def test_a_reducer_that_dies_stops_the_job_naming_it(tmp_path):
         assert any(f"reducer rank {r} on {socket.gethostname()} stopped answering" in ln
                    for ln in lines for r in (2, 3))
     else:  # mpirun saw the reducer die and stopped the job first: the launcher's diagnosis names it from that
-        from launcher import faults
         from launcher.cluster import Node
+        from launcher.plans import faults
 
         nodes = [Node(name=name, address="127.0.0.1", port=2200 + i, role=role, slots=1, cpus=1, workdir="/w")
                  for i, (name, role) in enumerate([("node0", "worker"), ("node1", "worker"),

@@ -6,7 +6,7 @@ import pytest
 from golden import assert_golden
 from test_plan import SPEC, local_cluster
 
-from launcher import plan
+from launcher.plans import job as plan
 
 
 def reducer_spec(k: int) -> plan.TrainSpec:

@@ -169,7 +169,7 @@ def test_the_probes_keep_one_connection_per_node(tmp_path, monkeypatch):
     # Over SSM every new connection is a new session (an AWS CLI process, a StartSession call): the probes reuse
     # one per node while it answers. sshd logs each connection it accepts.
     from launcher import cluster as clusters
-    from launcher import watchdog
+    from launcher.plans import watchdog
     from launcher.run import Watchdog
 
     home = tmp_path / "home"

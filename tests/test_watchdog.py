@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.watchdog import Probe, Watch, unanswered, verdict
+from launcher.plans.watchdog import Probe, Watch, unanswered, verdict
 
 POLICY = Watch(interval_s=15, misses=3, stall_s=1800)
 

@@ -124,7 +124,7 @@ def _with_mca(head: list[str], mca: list[tuple[str, str]]) -> list[str]:
 def fabric_mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_path: str, *,
                        fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
     """:func:`mpirun_argv` on a fabric: each of ``mca`` replaces the setting of that name (or is added), and
-    ``fabric_env`` (EFA / NCCL variables, see launcher.efa) is forwarded with ``-x`` after the ranks' own env."""
+    ``fabric_env`` (EFA / NCCL variables, see launcher.plans.efa) is forwarded with ``-x`` after the ranks' own env."""
     argv = mpirun_argv(cluster, nodes, spec, hostfile_path)
     trainer = trainer_argv(cluster.python, spec)
     out = _with_mca(argv[:len(argv) - len(trainer)], mca)
@@ -136,7 +136,7 @@ def fabric_mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hos
 def launch_argv(cluster: Cluster, workers: list[Node], reducers: list[Node], spec: TrainSpec, hostfile_path: str,
                 *, fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
     """The one mpirun line of a run: the workers alone, or with the reducer tier (MPMD) when there are reducers.
-    ``fabric_env`` and ``mca`` come from launcher.efa (empty on the local cluster and on types without EFA)."""
+    ``fabric_env`` and ``mca`` come from launcher.plans.efa (empty on the local cluster and on types without EFA)."""
     if reducers:
         return mpmd_mpirun_argv(cluster, workers, reducers, spec, hostfile_path, fabric_env=fabric_env, mca=mca)
     return fabric_mpirun_argv(cluster, workers, spec, hostfile_path, fabric_env=fabric_env, mca=mca)

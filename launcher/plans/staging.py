@@ -6,7 +6,7 @@
   then only reads its share once (``lfs hsm_restore``) so the first epoch does not wait on S3.
 - a directory on the nodes that holds ``manifest.json``: used as it is.
 - anything else on the nodes (ImageNet as downloaded): converted on every node against shared storage
-  (launcher.dataprep: ``--node-index I --node-count N``, then ``--merge``) into ``shards_dir``; the merged
+  (launcher.plans.dataprep: ``--node-index I --node-count N``, then ``--merge``) into ``shards_dir``; the merged
   ``manifest.json`` is written last, so its presence there means a finished conversion and a later run uses it.
 
 For a directory the shell first runs ``probe_script(probe_paths(...))`` on the first node and hands what it

@@ -1,8 +1,8 @@
 """`launch plan` from a spec alone: the plan for a cluster shape that does not exist yet, and its estimate.
 
-The hostfile and mpirun line come from launcher.plan's pure functions over a hypothetical :class:`Cluster` of
+The hostfile and mpirun line come from launcher.plans.job's pure functions over a hypothetical :class:`Cluster` of
 that shape (slots = the catalog's GPUs, nodes named node0..N-1 and reducer0..K-1 as placeholders for the addresses
-discovery will find); the EFA devices and environment from launcher.efa; the learning-rate schedule from
+discovery will find); the EFA devices and environment from launcher.plans.efa; the learning-rate schedule from
 training.schedule (pure, no torch); the estimate from launcher.costmodel.
 """
 
@@ -14,7 +14,6 @@ from typing import Any
 from ami import paths
 from infra.catalog import InstanceType, get
 from infra.layout import efa_device_count, interfaces
-from launcher import efa, plan
 from launcher.cluster import Cluster, Node
 from launcher.costmodel import (
     DEFAULT_CONSTANTS,
@@ -25,6 +24,7 @@ from launcher.costmodel import (
     Workload,
     estimate,
 )
+from launcher.plans import efa, job
 from launcher.pricing import PriceQuote
 from training.schedule import peak_lr, schedule_by_epoch
 
@@ -95,15 +95,15 @@ def plan_document(
     cluster = hypothetical_cluster(instance, nodes, tier=tier_instance, tier_nodes=est.tier_nodes)
     workers = cluster.workers
     tiered = est.strategy == "reducers" and bool(cluster.reducers)
-    spec = plan.TrainSpec(data=PLACEHOLDERS["data"], output=PLACEHOLDERS["output"], epochs=workload.epochs,
-                          batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs,
-                          engine="reducer" if tiered else "horovod", reducers=len(cluster.reducers) if tiered else 0)
+    spec = job.TrainSpec(data=PLACEHOLDERS["data"], output=PLACEHOLDERS["output"], epochs=workload.epochs,
+                         batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs,
+                         engine="reducer" if tiered else "horovod", reducers=len(cluster.reducers) if tiered else 0)
     # The software of the image ami/ builds (ami/versions.json), unless the caller knows the image's.
     versions = versions or _image_versions()
     fabric = efa.fabric_env(instance, versions)
     # With the tier: one MPMD mpirun, the trainer on the workers, training.reducer on the reducer nodes.
-    argv = plan.launch_argv(cluster, workers, cluster.reducers if tiered else [], spec, f"{spec.output}/hostfile",
-                            fabric_env=fabric, mca=efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface))
+    argv = job.launch_argv(cluster, workers, cluster.reducers if tiered else [], spec, f"{spec.output}/hostfile",
+                           fabric_env=fabric, mca=efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface))
     ranks = sum(n.slots for n in workers)
     global_batch = ranks * batch_per_gpu
     steps = steps_per_epoch(workload.images_per_epoch, ranks, batch_per_gpu)
@@ -112,9 +112,9 @@ def plan_document(
         "shape": {"instance_type": instance.name, "nodes": nodes, "gpus_per_node": instance.gpus, "ranks": ranks,
                   "strategy": est.strategy, "reducer_type": est.tier_type, "reducers": est.tier_nodes,
                   "market": est.market, "efa": instance.has_efa},
-        "hostfile": plan.mpmd_hostfile(workers, cluster.reducers) if tiered else plan.hostfile(workers),
+        "hostfile": job.mpmd_hostfile(workers, cluster.reducers) if tiered else job.hostfile(workers),
         "mpirun": argv,
-        "env": {**plan.rank_env(cluster, workers), **fabric},
+        "env": {**job.rank_env(cluster, workers), **fabric},
         "efa_devices": efa.efa_devices(instance, [n.name for n in workers]),
         "reducer_nodes": [n.name for n in cluster.reducers],
         "global_batch": global_batch,
@@ -130,7 +130,7 @@ def plan_document(
 
 
 def _image_versions() -> efa.SoftwareVersions:
-    from ami.render import load_versions  # ami.render imports launcher.efa: imported here, not at the top
+    from ami.render import load_versions  # ami.render imports launcher.plans.efa: imported here, not at the top
 
     pinned = load_versions()
     return efa.SoftwareVersions(aws_ofi_nccl=pinned.aws_ofi_nccl, libfabric=pinned.libfabric)

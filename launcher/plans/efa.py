@@ -134,7 +134,7 @@ def for_cluster(cluster: Cluster, versions: SoftwareVersions | None = None
                 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """(fabric env, MPI settings) for a run on ``cluster``: from its workers' instance type and the image's versions
     (``versions``, else its tags); nothing on the local cluster or where the workers have no EFA device. The env is
-    the GPU workers' only: plan.mpmd_mpirun_argv gives the reducers (CPU nodes, gloo over TCP) none of it."""
+    the GPU workers' only: job.mpmd_mpirun_argv gives the reducers (CPU nodes, gloo over TCP) none of it."""
     if not uses_efa(cluster):
         return {}, []
     instance = get(cluster.instance_type or "")
