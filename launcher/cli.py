@@ -16,9 +16,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from launcher import cluster as clusters
-from launcher import remote, run
 from launcher.cluster import local
 from launcher.errors import LaunchError
+from launcher.execute import remote, run
 from launcher.plans import job
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -274,8 +274,8 @@ def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", met
     the AZ, vCPU quotas, the capacity reservation, the image. Each failure is one line naming the fix."""
     import json
 
-    from launcher import preflight_shell
     from launcher.cluster.aws import api as aws
+    from launcher.execute import preflight as preflight_shell
     from launcher.plans import preflight
 
     pairs = list(context or [])
@@ -307,8 +307,8 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
                  ready_timeout: float = typer.Option(1800, "--ready-timeout", help="Seconds to wait for the nodes."),
                  no_wait: bool = typer.Option(False, "--no-wait", help="Only read the stack; do not wait.")):
     """Find a deployed stack's nodes, pin their host keys, write the ssh_config, and wait until all are ready."""
-    from launcher import awsrun
     from launcher.cluster.aws import api as aws
+    from launcher.execute import awsrun
 
     stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
     sess = aws.session(region, profile)
@@ -410,14 +410,15 @@ def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet 
         if src is None:
             raise LaunchError("missing argument SRC (see `launch data convert --help`)")
         if cluster is not None:
-            from launcher.plans import dataprep
+            from launcher.execute.dataprep import convert_on_cluster
+            from launcher.plans.dataprep import ConvertSpec
 
             if (node_index, node_count) != (0, 1):
                 raise LaunchError("--cluster chooses the nodes itself; leave out --node-index and --node-count")
-            spec = dataprep.ConvertSpec(src=str(src.expanduser().resolve()), out=str(out.expanduser().resolve()),
-                                        shard_size=shard_size, seed=seed, resize=resize, quality=quality,
-                                        workers=workers)
-            summary(dataprep.convert_on_cluster(clusters.load(cluster), spec), f"{spec.out}/manifest.json")
+            spec = ConvertSpec(src=str(src.expanduser().resolve()), out=str(out.expanduser().resolve()),
+                               shard_size=shard_size, seed=seed, resize=resize, quality=quality,
+                               workers=workers)
+            summary(convert_on_cluster(clusters.load(cluster), spec), f"{spec.out}/manifest.json")
             return
         if not src.exists():
             raise LaunchError(f"SRC {src} does not exist")
@@ -543,8 +544,8 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                 _teardown(c)
         return
 
-    from launcher import awsrun
     from launcher.cluster.aws import api as aws
+    from launcher.execute import awsrun
 
     sess = aws.session(region or (c.aws.region if c and c.aws else None), profile or (c.aws.profile if c and c.aws
                                                                                        else None))
@@ -564,7 +565,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
 def _fetch_record(c: clusters.Cluster, first: clusters.Node, out: str, *, newest_checkpoint: bool) -> None:
     """Bring the run's record (and, before a teardown, its newest checkpoint) to this machine; a failure here is a
     warning, never the run's verdict."""
-    from launcher import results
+    from launcher.execute import results
 
     dest = results.local_copy(clusters.state_root(), c.name, out)
     try:

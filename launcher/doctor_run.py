@@ -1,6 +1,6 @@
 """The shell of `launch doctor`: gather every node's probes in parallel, then the cluster-wide test.
 
-Decisions live in launcher/doctor.py; this module only runs commands (launcher.remote) and feeds the output in.
+Decisions live in launcher/doctor.py; this module only runs commands (launcher.execute.remote) and feeds the output in.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import time
 
 from ami import paths
 from infra import catalog
-from launcher import doctor, remote
+from launcher import doctor
 from launcher.cluster import Cluster, Node
 from launcher.doctor import Check
 from launcher.errors import LaunchError
+from launcher.execute import remote
 from launcher.plans import efa, job
 
 NCCL_TESTS = f"{paths.NCCL_TESTS}/all_reduce_perf"

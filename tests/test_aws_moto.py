@@ -20,10 +20,11 @@ from moto import mock_aws
 from ami.render import ami_tags, load_versions
 from infra import catalog, ttl
 from infra.layout import beegfs_layout
-from launcher import awsrun, cli
+from launcher import cli
 from launcher import cluster as clusters
 from launcher.cluster.aws import api as aws
 from launcher.errors import LaunchError
+from launcher.execute import awsrun
 
 RECORDED = (Path(__file__).parent / "data" / "console-output-cloud-init.txt").read_text()
 

@@ -15,9 +15,9 @@ from ami.render import ami_tags, load_versions
 from infra import catalog
 from infra.layout import beegfs_layout
 from infra.spec import ClusterSpec
-from launcher import awsrun
 from launcher.cluster.aws import api as aws
 from launcher.errors import LaunchError
+from launcher.execute import awsrun
 from launcher.plans import efa
 
 

@@ -1,4 +1,4 @@
-"""The node-side steps of `launch train` on AWS (launcher.awsrun), run against real sshd processes.
+"""The node-side steps of `launch train` on AWS (launcher.execute.awsrun), run against real sshd processes.
 
 The cluster is a 2-node local cluster dressed as an AWS one: an AwsInfo whose shared storage is a directory
 every local node sees (on one machine they share the filesystem, as AWS nodes share the FSx or BeeGFS mount),
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from clusterutil import alive, cluster_state, launch, tiny_shards
 
-from launcher import awsrun, remote, run
 from launcher.cluster import AwsInfo, Cluster
 from launcher.cluster.aws import api as aws
 from launcher.errors import LaunchError
+from launcher.execute import awsrun, remote, run
 from launcher.plans import job as plan
 
 pytestmark = pytest.mark.cluster

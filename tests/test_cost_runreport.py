@@ -7,10 +7,11 @@ import json
 import pytest
 
 from infra.catalog import get
-from launcher import cli, measured, run
+from launcher import cli, measured
 from launcher import cluster as clusters
 from launcher.cluster import Cluster, Node
 from launcher.costmodel import estimate, imagenet
+from launcher.execute import run
 from launcher.plans import job as plan
 
 

@@ -14,7 +14,7 @@ from golden import assert_golden
 from ami import paths
 from ami.render import image_env, load_versions
 from infra import catalog
-from launcher import remote, run
+from launcher.execute import remote, run
 from launcher.plans import efa
 from launcher.plans.efa import SoftwareVersions
 

@@ -15,8 +15,9 @@ from test_aws_moto import env  # noqa: F401 -- the moto fixture
 
 from ami.paths import IMAGE_ID_PARAMETER
 from infra.spec import ClusterSpec
-from launcher import cli, preflight_shell
+from launcher import cli
 from launcher.cluster.aws import api as aws
+from launcher.execute import preflight as preflight_shell
 
 NOW = dt.datetime.now(dt.timezone.utc)
 CR = "cr-0123456789abcdef0"

@@ -2,7 +2,7 @@
 
 import io
 
-from launcher.remote import PrefixWriter
+from launcher.execute.remote import PrefixWriter
 
 
 def test_prefix_writer_joins_pty_lines_split_across_writes():

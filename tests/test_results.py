@@ -1,4 +1,4 @@
-"""launcher.results: which files of a run directory come back (pure), and the fetch over real sshd/SFTP."""
+"""launcher.execute.results: which files of a run directory come back (pure), and the fetch over real sshd/SFTP."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from clusterutil import launch
 
 from launcher import cluster as clusters
-from launcher import results
+from launcher.execute import results
 
 LISTING = "\n".join([
     "metrics.jsonl\t2048", "summary.json\t512", "hostfile\t24", ".summary.json.tmp\t100",

@@ -147,7 +147,7 @@ def test_bad_watchdog_options(tmp_path):
 
 
 def test_the_stop_script_kills_an_mpirun_that_ignores_sigterm_and_what_it_started(tmp_path):
-    from launcher.run import stop_job_script
+    from launcher.execute.run import stop_job_script
 
     pidfile = tmp_path / "mpirun.pid"
     # A stand-in for an mpirun stuck on a hung node: it ignores SIGTERM and has started a rank.
@@ -169,8 +169,8 @@ def test_the_probes_keep_one_connection_per_node(tmp_path, monkeypatch):
     # Over SSM every new connection is a new session (an AWS CLI process, a StartSession call): the probes reuse
     # one per node while it answers. sshd logs each connection it accepts.
     from launcher import cluster as clusters
+    from launcher.execute.run import Watchdog
     from launcher.plans import watchdog
-    from launcher.run import Watchdog
 
     home = tmp_path / "home"
     launch(home, "local", "up", "--nodes", "2", check=True)

@@ -6,20 +6,16 @@ and its own node manifest, with one worker process per core; when all have finis
 node manifests into manifest.json. Killed or failed part-way, the same command resumes: every node keeps the
 shards it verifies and writes the rest.
 
-The command lines are a pure function of the cluster and the spec; execution is launcher.remote's.
+The command lines are a pure function of the cluster and the spec; launcher.execute.dataprep runs them.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
-from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel, ConfigDict
 
-from launcher import remote
 from launcher.cluster import Cluster, Node
-from launcher.errors import LaunchError
 
 
 class ConvertSpec(BaseModel):
@@ -55,32 +51,3 @@ def merge_command(cluster: Cluster, spec: ConvertSpec, count: int) -> str:
 def plan_convert(cluster: Cluster, spec: ConvertSpec) -> list[tuple[Node, str]]:
     """(node, command) for every node of the cluster, workers and reducers alike: conversion is CPU work."""
     return [(node, convert_command(cluster, spec, node, i, len(cluster.nodes))) for i, node in enumerate(cluster.nodes)]
-
-
-def convert_on_cluster(cluster: Cluster, spec: ConvertSpec) -> dict:
-    """Run the conversion on every node in parallel (output relayed, prefixed by node), merge, and return the
-    manifest; LaunchError naming the nodes that failed."""
-    steps = plan_convert(cluster, spec)
-
-    def run_one(step: tuple[Node, str]) -> str | None:
-        node, command = step
-        try:
-            code, _ = remote.stream(cluster, node, command, pty=False)
-        except LaunchError as e:
-            return f"{node.name} ({e})"
-        return None if code == 0 else f"{node.name} (exit {code})"
-
-    with ThreadPoolExecutor(len(steps)) as pool:
-        failed = [f for f in pool.map(run_one, steps) if f]
-    if failed:
-        raise LaunchError(f"conversion failed on {', '.join(failed)} (output above); the same command resumes, "
-                          f"keeping every finished shard")
-    first = cluster.nodes[0]
-    code, out = remote.check(cluster, first, merge_command(cluster, spec, len(steps)))
-    if code != 0:
-        last = (out.strip().splitlines() or [f"exit {code}"])[-1].removeprefix("error: ")
-        raise LaunchError(f"merging the node manifests on {first.name} failed: {last}")
-    code, text = remote.check(cluster, first, f"cat {shlex.quote(spec.out)}/manifest.json")
-    if code != 0:
-        raise LaunchError(f"no manifest.json in {spec.out} on {first.name} after merging")
-    return json.loads(text)

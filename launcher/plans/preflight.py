@@ -1,6 +1,6 @@
 """Before `cdk deploy`: what in this account and region would stop the stack's nodes from launching.
 
-Pure decisions. ``launcher.preflight_shell`` reads the facts from AWS (read-only calls) into :class:`Facts`; the
+Pure decisions. ``launcher.execute.preflight`` reads the facts from AWS (read-only calls) into :class:`Facts`; the
 functions here turn a :class:`~infra.spec.ClusterSpec` and those facts into :class:`Verdict` lines: each failure
 one line naming the fix. The spec comes from the same context keys ``npx cdk deploy -c key=value`` reads
 (cdk.json's ``context``, then ``-c``), validated by the same ``ClusterSpec.from_context``.

@@ -1,6 +1,6 @@
 """`launch train`: plan on the launcher, execute on the first node, report, and tear down when asked.
 
-Backend-agnostic: every step goes through the Cluster and launcher.remote, so the same code drives the
+Backend-agnostic: every step goes through the Cluster and launcher.execute.remote, so the same code drives the
 local cluster and an AWS one.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import remote
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
+from launcher.execute import remote
 from launcher.plans import efa, job, watchdog
 
 # Data made when `launch train` gets no --data: a small ILSVRC-layout set, converted to shards.

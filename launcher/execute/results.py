@@ -15,9 +15,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import remote
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
+from launcher.execute import remote
 
 __all__ = ["LISTING", "RECORD", "RemoteFile", "checkpoint_index", "fetch", "fetch_plan", "local_copy",
            "parse_listing"]

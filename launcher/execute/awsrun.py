@@ -1,9 +1,9 @@
 """`launch train` (and friends) on a deployed stack: discover -> wait until ready -> storage -> data -> run,
 with the stack deleted in a finally block when asked (also on failure and Ctrl-C).
 
-Only sequencing lives here; decisions are in launcher.cluster.aws (discover, readiness), storage, staging and plan,
-and AWS calls in launcher.cluster.aws.api. Every step that touches a node goes through launcher.remote, as on the
-local cluster.
+Only sequencing lives here; decisions are in launcher.cluster.aws (discover, readiness) and launcher.plans (storage,
+staging, job), and AWS calls in launcher.cluster.aws.api. Every step that touches a node goes through
+launcher.execute.remote, as on the local cluster.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from typing import TypeVar
 import boto3
 
 from ami import paths
-from launcher import remote
 from launcher.cluster import Cluster, Node
 from launcher.cluster.aws import api as aws
 from launcher.cluster.aws import readiness
 from launcher.errors import LaunchError
-from launcher.plans import dataprep, staging, storage
+from launcher.execute import remote
+from launcher.execute.dataprep import convert_on_cluster
+from launcher.plans import staging, storage
+from launcher.plans.dataprep import ConvertSpec
 
 T = TypeVar("T")
 
@@ -190,7 +192,7 @@ def stage_data(c: Cluster, nodes: list[Node], data: str, *, shard_size: int = 10
         return plan.dest
     if plan.kind == "convert":
         say(f"converting {plan.source} to shards in {plan.dest} on {len(c.nodes)} node(s)")
-        dataprep.convert_on_cluster(c, dataprep.ConvertSpec(src=plan.source, out=plan.dest, shard_size=shard_size))
+        convert_on_cluster(c, ConvertSpec(src=plan.source, out=plan.dest, shard_size=shard_size))
         return plan.dest
     code, text = remote.check(c, first, staging.s3_manifest_command(plan.source, aws_cli=aws_cli,
                                                                     region=c.aws.region))
