@@ -595,7 +595,11 @@ def _target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:
 def _report(chosen, spec: job.TrainSpec, result: run.RunResult, cluster: clusters.Cluster | None = None) -> None:
     import datetime as dt
 
-    from launcher import costmodel, costshell, measured
+    from launcher.cost import measured
+    from launcher.cost import shell as costshell
+    from launcher.cost.inputs import Workload
+    from launcher.cost.model import compare, estimate
+    from launcher.cost.runcheck import check_run
     from training.model import flops_per_image, parameter_count
 
     s = result.summary or {}
@@ -609,8 +613,8 @@ def _report(chosen, spec: job.TrainSpec, result: run.RunResult, cluster: cluster
     ratio = flops_per_image(spec.model, spec.image_size) / flops_per_image("resnet50", 224)
     per_epoch = s["steps_per_epoch"] * s["global_batch"] if s.get("steps_per_epoch") and s.get("global_batch") \
         else images
-    workload = costmodel.Workload(images_per_epoch=max(per_epoch, 1), epochs=spec.epochs, flops_ratio=ratio,
-                                  param_count=parameter_count(spec.model, s.get("classes", 1000)))
+    workload = Workload(images_per_epoch=max(per_epoch, 1), epochs=spec.epochs, flops_ratio=ratio,
+                        param_count=parameter_count(spec.model, s.get("classes", 1000)))
     figures, _ = costshell.load_measured()
     constants, _ = costshell.model_constants()
 
@@ -629,12 +633,12 @@ def _report(chosen, spec: job.TrainSpec, result: run.RunResult, cluster: cluster
         try:
             instance = costshell.instance(ran_on)
             book = costshell.price_book([instance], ["on-demand"], refresh=False)
-            predicted = costmodel.estimate(
+            predicted = estimate(
                 instance, len(chosen), workload, batch_per_gpu=spec.batch_per_gpu, measured=figures,
                 precision="fp32" if s.get("precision") == "fp32" else "amp", price=book.quote(ran_on, "on-demand"),
                 constants=constants)
-            check = costmodel.check_run(predicted, images=s["train_images"], images_per_sec=s["images_per_sec"],
-                                        loop_s=s["time_s"], steady_images_per_sec=s.get("steady_images_per_sec"))
+            check = check_run(predicted, images=s["train_images"], images_per_sec=s["images_per_sec"],
+                              loop_s=s["time_s"], steady_images_per_sec=s.get("steady_images_per_sec"))
         except (ValueError, LaunchError) as e:
             console.print(f"\nmeasured vs predicted: no prediction ({e})")
         else:
@@ -660,8 +664,8 @@ def _report(chosen, spec: job.TrainSpec, result: run.RunResult, cluster: cluster
     table = Table(title=f"the same run on AWS ({len(chosen)} node(s), {images} images x {spec.epochs} epochs)")
     for col in ("instance", "img/s", "limited by", "time", "cost (USD)"):
         table.add_column(col, justify="left" if col in ("instance", "limited by") else "right", no_wrap=True)
-    estimates = costmodel.compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload,
-                                  batch_per_gpu=spec.batch_per_gpu, constants=constants)
+    estimates = compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload,
+                        batch_per_gpu=spec.batch_per_gpu, constants=constants)
     for e in estimates:
         table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", e.limited_by, f"{e.time_to_train_s / 60:.1f} min",
                       f"{e.cost_usd:,.2f}")
@@ -706,9 +710,11 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     """The plan and estimate for one cluster shape, offline: hostfile, mpirun, env, EFA devices, LR schedule, cost."""
     import json
 
-    from launcher import costmodel, costshell
+    from launcher.cost import shell as costshell
+    from launcher.cost.inputs import DEFAULT_TIER_TYPE, STRATEGIES, STRATEGY_LABELS, imagenet
+    from launcher.cost.model import Estimate
+    from launcher.cost.prices import MARKETS, PriceUnavailable
     from launcher.plans import offline
-    from launcher.pricing import MARKETS, PriceUnavailable
 
     for name, value, low in (("--nodes", nodes, 1), ("--epochs", epochs, 1), ("--batch-per-gpu", batch_per_gpu, 1),
                              ("--images-per-epoch", images_per_epoch, 1), ("--reducers", reducers, 0)):
@@ -723,11 +729,11 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                   markup=False, highlight=False)
         reducer_type = None
     strategy = strategy or ("reducers" if reducers or reducer_type else "horovod")
-    if strategy not in costmodel.STRATEGIES:
-        raise LaunchError(f"unknown strategy '{strategy}'; choose one of: {', '.join(costmodel.STRATEGIES)}")
-    tier = costshell.instance(reducer_type or costmodel.DEFAULT_TIER_TYPE[strategy]) \
+    if strategy not in STRATEGIES:
+        raise LaunchError(f"unknown strategy '{strategy}'; choose one of: {', '.join(STRATEGIES)}")
+    tier = costshell.instance(reducer_type or DEFAULT_TIER_TYPE[strategy]) \
         if strategy != "horovod" or reducer_type else None
-    workload = costmodel.imagenet(epochs, fp16_allreduce=fp16_allreduce)
+    workload = imagenet(epochs, fp16_allreduce=fp16_allreduce)
     if images_per_epoch != workload.images_per_epoch:
         workload = workload.model_copy(update={"images_per_epoch": images_per_epoch, "dataset_bytes": None})
     figures, note = costshell.load_measured()
@@ -747,8 +753,8 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
-    e = costmodel.Estimate.model_validate(doc["estimate"])
-    console.print(f"plan: {e.shape}, {doc['shape']['ranks']} rank(s), {costmodel.STRATEGY_LABELS[e.strategy]}, "
+    e = Estimate.model_validate(doc["estimate"])
+    console.print(f"plan: {e.shape}, {doc['shape']['ranks']} rank(s), {STRATEGY_LABELS[e.strategy]}, "
                   f"{e.market}", markup=False)
     table = Table(title="estimate", show_header=False)
     table.add_column("")
@@ -818,7 +824,9 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     from pydantic import ValidationError
 
     from infra.catalog import UnknownInstanceType
-    from launcher import costmodel, costreport, costshell
+    from launcher.cost import report as costreport
+    from launcher.cost import shell as costshell
+    from launcher.cost.inputs import STRATEGY_LABELS, imagenet
 
     try:
         grid = costreport.CostGrid(
@@ -830,7 +838,7 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
             reducers_per_worker=reducers_per_worker, ps_type=ps_type, ps_per_worker=ps_per_worker,
             batch_per_gpu=batch_per_gpu, gpu_throughput=gpu_throughput, precision=precision)
         grid.check()
-        workload = costmodel.imagenet(epochs, fp16_allreduce=fp16_allreduce)
+        workload = imagenet(epochs, fp16_allreduce=fp16_allreduce)
         if images_per_epoch != workload.images_per_epoch:
             workload = workload.model_copy(update={"images_per_epoch": images_per_epoch, "dataset_bytes": None})
     except ValidationError as e:
@@ -864,7 +872,7 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
         table.add_column(col, justify="right" if col in ("img/s", "scaling", "time to train", "cost (USD)") else "left")
     for i in result.pareto:
         r = result.rows[i]
-        table.add_row(r.shape, costmodel.STRATEGY_LABELS[r.strategy], r.market, f"{r.images_per_sec:,.0f}",
+        table.add_row(r.shape, STRATEGY_LABELS[r.strategy], r.market, f"{r.images_per_sec:,.0f}",
                       f"{r.scaling_efficiency:.0%}", f"{r.time_to_train_s / 60:,.0f} min", f"{r.cost_usd:,.2f}")
     console.print(table)
     console.print("prices: " + "; ".join(f"{q.instance_type} {q.label()}" for q in result.prices), markup=False)

@@ -12,8 +12,9 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from infra.catalog import get
-from launcher import pricing
-from launcher.pricing import PriceQuote, PriceUnavailable
+from launcher.cost import aws_prices as pricing
+from launcher.cost import prices
+from launcher.cost.prices import PriceQuote, PriceUnavailable
 
 DATA = Path(__file__).parent / "data"
 TODAY = dt.date(2026, 11, 21)
@@ -34,7 +35,7 @@ def quote(name: str, market: str, usd: float, date: dt.date, source: str = "AWS 
 def test_price_list_parsing_keeps_linux_shared_used_and_skips_the_decoys():
     entries = [e for page in recorded_pages("p3.16xlarge") for e in page["PriceList"]]
     assert len(entries) == 5 and all(isinstance(e, str) for e in entries)  # JSON strings, as boto3 returns them
-    found = pricing.parse_price_list(entries, observed=TODAY)
+    found = prices.parse_price_list(entries, observed=TODAY)
     assert list(found) == ["p3.16xlarge"]
     q = found["p3.16xlarge"]
     assert (q.market, q.usd_per_hour, q.date, q.region) == ("on-demand", 24.48, TODAY, "us-east-1")
@@ -48,7 +49,7 @@ def test_price_list_parsing_rejects_two_prices_for_one_type():
     dims = next(iter(other["terms"]["OnDemand"].values()))["priceDimensions"]
     next(iter(dims.values()))["pricePerUnit"]["USD"] = "30.0"
     with pytest.raises(ValueError, match="two on-demand prices: 24.48 and 30 USD/h"):
-        pricing.parse_price_list([entries[1], json.dumps(other)], observed=TODAY)
+        prices.parse_price_list([entries[1], json.dumps(other)], observed=TODAY)
 
 
 def test_price_list_parsing_skips_capacity_blocks():
@@ -57,19 +58,19 @@ def test_price_list_parsing_skips_capacity_blocks():
     block["product"]["attributes"]["marketoption"] = "CapacityBlock"
     dims = next(iter(block["terms"]["OnDemand"].values()))["priceDimensions"]
     next(iter(dims.values()))["pricePerUnit"]["USD"] = "31.464"
-    found = pricing.parse_price_list([json.dumps(block), json.dumps(entry)], observed=TODAY)
+    found = prices.parse_price_list([json.dumps(block), json.dumps(entry)], observed=TODAY)
     assert found["p5.48xlarge"].usd_per_hour == 55.04
 
 
 def test_price_list_parsing_skips_other_regions():
     entry = json.loads(recorded_pages("p5.48xlarge")[0]["PriceList"][0])
     entry["product"]["attributes"] |= {"regionCode": "eu-west-1", "location": "EU (Ireland)"}
-    assert pricing.parse_price_list([entry], observed=TODAY) == {}
+    assert prices.parse_price_list([entry], observed=TODAY) == {}
 
 
 def test_spot_history_parsing_takes_each_zones_latest_then_the_cheapest_zone():
     records = json.loads((DATA / "spot_price_history_us_east_1.json").read_text())["SpotPriceHistory"]
-    found = pricing.parse_spot_history(records, observed=TODAY)
+    found = prices.parse_spot_history(records, observed=TODAY)
     # us-east-1a's latest is 11.2045 (its older 7.10 no longer holds); 1b's 9.8453 is cheaper; Windows is ignored.
     p4d = found["p4d.24xlarge"]
     assert (p4d.market, p4d.usd_per_hour, p4d.date) == ("spot", 9.8453, TODAY)
@@ -155,7 +156,7 @@ def test_a_damaged_cache_is_ignored_with_a_note(tmp_path):
 
 def test_price_book_uses_the_catalog_offline_and_newer_aws_quotes_when_cached():
     p5, p3 = get("p5.48xlarge"), get("p3.16xlarge")
-    offline = pricing.price_book([p5, p3])
+    offline = prices.price_book([p5, p3])
     assert offline.quote("p5.48xlarge", "on-demand").usd_per_hour == 55.04
     assert offline.quote("p5.48xlarge", "on-demand").date == p5.price_date
     assert offline.quote("p3.16xlarge", "on-demand").source.startswith("scaletrain instance catalog: ")
@@ -165,10 +166,10 @@ def test_price_book_uses_the_catalog_offline_and_newer_aws_quotes_when_cached():
     newer = quote("p5.48xlarge", "on-demand", 54.0, p5.price_date + dt.timedelta(days=1))
     older = quote("p3.16xlarge", "on-demand", 30.0, p3.price_date - dt.timedelta(days=1))
     spot = quote("p5.48xlarge", "spot", 31.4, TODAY)
-    book = pricing.price_book([p5, p3], [newer, older, spot], notes=["x"])
+    book = prices.price_book([p5, p3], [newer, older, spot], notes=["x"])
     assert book.quote("p5.48xlarge", "on-demand").usd_per_hour == 54.0
     assert book.quote("p3.16xlarge", "on-demand").usd_per_hour == 24.48  # the catalog's is newer
     assert book.quote("p5.48xlarge", "spot").usd_per_hour == 31.4
     assert book.notes == ("x",)
     same_day = quote("p3.16xlarge", "on-demand", 24.0, p3.price_date)
-    assert pricing.price_book([p3], [same_day]).quote("p3.16xlarge", "on-demand").usd_per_hour == 24.0
+    assert prices.price_book([p3], [same_day]).quote("p3.16xlarge", "on-demand").usd_per_hour == 24.0

@@ -11,18 +11,21 @@ from pathlib import Path
 import pytest
 
 from infra.catalog import UnknownInstanceType, get
-from launcher import cli, costreport, pricing
-from launcher.costmodel import imagenet
-from launcher.costreport import MAX_CELLS, CostGrid, evaluate_grid, pareto_front
-from launcher.pricing import PriceQuote
+from launcher import cli
+from launcher.cost import aws_prices as pricing
+from launcher.cost import prices
+from launcher.cost import report as costreport
+from launcher.cost.inputs import imagenet
+from launcher.cost.prices import PriceQuote
+from launcher.cost.report import MAX_CELLS, CostGrid, evaluate_grid, pareto_front
 
 TODAY = dt.date(2026, 11, 21)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def book_for(grid: CostGrid, cached=()) -> pricing.PriceBook:
+def book_for(grid: CostGrid, cached=()) -> prices.PriceBook:
     names = {*grid.instance_types, grid.reducer_type, grid.ps_type}
-    return pricing.price_book([get(n) for n in names], cached)
+    return prices.price_book([get(n) for n in names], cached)
 
 
 # --- Pareto frontier -------------------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ import json
 import pytest
 
 from infra.catalog import get
-from launcher import cli, measured
+from launcher import cli
 from launcher import cluster as clusters
 from launcher.cluster import Cluster, Node
-from launcher.costmodel import estimate, imagenet
+from launcher.cost import measured
+from launcher.cost.inputs import imagenet
+from launcher.cost.model import estimate
 from launcher.execute import run
 from launcher.plans import job as plan
 

@@ -5,20 +5,18 @@ from __future__ import annotations
 import pytest
 
 from infra.catalog import UnknownInstanceType, get, gpu_types
-from launcher.costmodel import (
+from launcher.cost.inputs import (
     DEFAULT_CONSTANTS,
     IMAGENET_TRAIN_IMAGES,
     GpuThroughput,
     ModelConstants,
     Workload,
-    check_run,
-    compare,
-    estimate,
     imagenet,
-    model_notes,
     resolve_gpu_throughput,
 )
-from launcher.pricing import PriceQuote
+from launcher.cost.model import compare, estimate, model_notes
+from launcher.cost.prices import PriceQuote
+from launcher.cost.runcheck import check_run
 
 IMAGENET_90 = imagenet(90)
 P3 = get("p3.16xlarge")

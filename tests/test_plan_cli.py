@@ -15,7 +15,7 @@ from ami import paths
 from ami.render import load_versions
 from infra.catalog import get
 from launcher import cli
-from launcher.costmodel import imagenet
+from launcher.cost.inputs import imagenet
 from launcher.plans import efa, offline
 from launcher.plans import job as plan
 from launcher.plans.efa import SoftwareVersions
@@ -155,7 +155,7 @@ def test_lr_schedule_is_seed_000s_at_every_epoch_boundary():
 
 
 def test_offline_plan_does_not_import_torch():
-    code = ("import sys; import launcher.plans.offline, launcher.costreport, launcher.costshell; "
+    code = ("import sys; import launcher.plans.offline, launcher.cost.report, launcher.cost.shell; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
@@ -216,8 +216,8 @@ def test_plan_prints_tables_without_json(tmp_path, monkeypatch, capsys):
 
 
 def test_plan_gpu_throughput_override_and_spot_from_the_cache(tmp_path, monkeypatch, capsys):
-    from launcher import pricing
-    from launcher.pricing import PriceQuote
+    from launcher.cost import aws_prices as pricing
+    from launcher.cost.prices import PriceQuote
 
     pricing.save_cache(pricing.cache_path(tmp_path / "home"), [
         PriceQuote(instance_type="p4d.24xlarge", market="spot", usd_per_hour=9.8453, date="2026-11-21",
@@ -252,8 +252,8 @@ def test_bad_input_is_one_line_and_non_zero(args, message, tmp_path, monkeypatch
 
 
 def test_recorded_measurements_replace_the_catalog_figure_and_the_loader_assumption(tmp_path, monkeypatch, capsys):
-    from launcher import measured
-    from launcher.costmodel import GpuThroughput
+    from launcher.cost import measured
+    from launcher.cost.inputs import GpuThroughput
 
     home = tmp_path / "home"
     measured.record(measured.path(home), "V100/amp", GpuThroughput(img_per_sec=1000, source="measured: test run"))

@@ -3,7 +3,7 @@
 The hostfile and mpirun line come from launcher.plans.job's pure functions over a hypothetical :class:`Cluster` of
 that shape (slots = the catalog's GPUs, nodes named node0..N-1 and reducer0..K-1 as placeholders for the addresses
 discovery will find); the EFA devices and environment from launcher.plans.efa; the learning-rate schedule from
-training.schedule (pure, no torch); the estimate from launcher.costmodel.
+training.schedule (pure, no torch); the estimate from launcher.cost.model.
 """
 
 from __future__ import annotations
@@ -15,17 +15,10 @@ from ami import paths
 from infra.catalog import InstanceType, get
 from infra.layout import efa_device_count, interfaces
 from launcher.cluster import Cluster, Node
-from launcher.costmodel import (
-    DEFAULT_CONSTANTS,
-    Estimate,
-    GpuThroughput,
-    ModelConstants,
-    Precision,
-    Workload,
-    estimate,
-)
+from launcher.cost.inputs import DEFAULT_CONSTANTS, GpuThroughput, ModelConstants, Precision, Workload
+from launcher.cost.model import Estimate, estimate
+from launcher.cost.prices import PriceQuote
 from launcher.plans import efa, job
-from launcher.pricing import PriceQuote
 from training.schedule import peak_lr, schedule_by_epoch
 
 __all__ = ["PLACEHOLDERS", "hypothetical_cluster", "plan_document", "steps_per_epoch"]

@@ -6,7 +6,7 @@ CPU core (:func:`record_loader`, for a benchmark of the loader to call), which s
 A run measures one GPU's training rate only when nothing else shares its steps: ResNet-50 at 224 px on GPUs, one
 node (no inter-node communication). After such a run `launch train` records images/s per rank under
 ``<state root>/measured/gpu_throughput.json``, keyed ``GPU_MODEL/precision``, with the date and the run; the cost
-model then uses it before the catalog (see :func:`launcher.costmodel.resolve_gpu_throughput`).
+model then uses it before the catalog (see :func:`launcher.cost.inputs.resolve_gpu_throughput`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from infra.catalog import InstanceType
-from launcher.costmodel import GpuThroughput
+from launcher.cost.inputs import GpuThroughput
 
 __all__ = ["from_run", "load", "load_loader", "loader_path", "path", "record", "record_loader"]
 

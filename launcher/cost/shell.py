@@ -8,9 +8,9 @@ from typing import TypeVar
 
 from infra.catalog import InstanceType, UnknownInstanceType, get
 from launcher import cluster as clusters
-from launcher import measured, pricing
 from launcher.cluster import Cluster, Node, state_root
-from launcher.costmodel import DEFAULT_CONSTANTS, GpuThroughput, ModelConstants
+from launcher.cost import aws_prices, measured, prices
+from launcher.cost.inputs import DEFAULT_CONSTANTS, GpuThroughput, ModelConstants
 from launcher.errors import LaunchError
 
 T = TypeVar("T")
@@ -54,7 +54,7 @@ def model_constants() -> tuple[ModelConstants, str | None]:
     return DEFAULT_CONSTANTS.model_copy(update={"loader_img_per_sec_per_vcpu": loader.img_per_sec}), note
 
 
-def price_book(instances: Iterable[InstanceType], markets: Iterable[str], *, refresh: bool) -> pricing.PriceBook:
+def price_book(instances: Iterable[InstanceType], markets: Iterable[str], *, refresh: bool) -> prices.PriceBook:
     """Catalog prices, newer cached AWS quotes over them, and with ``refresh`` a fetch from AWS first.
 
     A failed fetch is a note in the book (the report states it), never an error: the catalog and its dates stand.
@@ -62,24 +62,24 @@ def price_book(instances: Iterable[InstanceType], markets: Iterable[str], *, ref
     instances = list(dict.fromkeys(instances))
     names = [i.name for i in instances]
     markets = list(dict.fromkeys(markets))
-    path = pricing.cache_path(state_root())
+    path = aws_prices.cache_path(state_root())
     notes: list[str] = []
-    fetched: list[pricing.PriceQuote] = []
+    fetched: list[prices.PriceQuote] = []
     if refresh:
-        fetched, problems = pricing.refresh(names, markets)  # type: ignore[arg-type]
+        fetched, problems = aws_prices.refresh(names, markets)  # type: ignore[arg-type]
         notes += problems
         if fetched:
             try:
-                pricing.save_cache(path, fetched)
+                aws_prices.save_cache(path, fetched)
             except OSError as e:
                 notes.append(f"could not write the price cache {path} ({e.strerror or e})")
         if "on-demand" in markets and not any(q.market == "on-demand" for q in fetched):
             dated = ", ".join(f"{i.name} {i.price_date}" for i in instances)
             notes.append(f"using the offline catalog's on-demand prices ({dated})")
-    cached, note = pricing.load_cache(path)
+    cached, note = aws_prices.load_cache(path)
     if note:
         notes.append(note)
-    return pricing.price_book(instances, pricing.merge_quotes(cached, fetched), notes)
+    return prices.price_book(instances, prices.merge_quotes(cached, fetched), notes)
 
 
 def cluster_of(nodes: list[Node]) -> Cluster | None:

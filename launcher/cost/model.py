@@ -35,184 +35,28 @@ Calibration, with the catalog's V100 figure (712 img/s, seed 000's stack):
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Mapping
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.catalog import InstanceType, get
-from launcher.pricing import PriceQuote, catalog_quote
+from launcher.cost.inputs import (
+    DEFAULT_CONSTANTS,
+    DEFAULT_TIER_TYPE,
+    STRATEGIES,
+    STRATEGY_LABELS,
+    GpuThroughput,
+    ModelConstants,
+    Precision,
+    Strategy,
+    Workload,
+    resolve_gpu_throughput,
+)
+from launcher.cost.prices import PriceQuote, catalog_quote
 
-__all__ = [
-    "DEFAULT_CONSTANTS",
-    "DEFAULT_TIER_TYPE",
-    "IMAGENET_TRAIN_IMAGES",
-    "IMAGENET_VAL_IMAGES",
-    "STRATEGIES",
-    "STRATEGY_LABELS",
-    "Estimate",
-    "GpuThroughput",
-    "ModelConstants",
-    "RunCheck",
-    "Strategy",
-    "Workload",
-    "check_run",
-    "compare",
-    "default_tier_nodes",
-    "estimate",
-    "imagenet",
-    "model_notes",
-    "resolve_gpu_throughput",
-]
+__all__ = ["Estimate", "compare", "default_tier_nodes", "estimate", "model_notes"]
 
-RESNET50_PARAMS = 25_557_032  # torchvision resnet50: conv + bn + fc weights and biases
-IMAGENET_TRAIN_IMAGES = 1_281_167  # ILSVRC2012 train split
-IMAGENET_VAL_IMAGES = 50_000  # ILSVRC2012 validation split
-# ILSVRC2012_img_train.tar (147,897,477,120 B) + ILSVRC2012_img_val.tar (6,744,924,160 B): the JPEG bytes the shards
-# hold. Per image that is ~115 kB, used for data sets given only by image count.
-IMAGENET_BYTES = 147_897_477_120 + 6_744_924_160
-BYTES_PER_IMAGE = IMAGENET_BYTES / (IMAGENET_TRAIN_IMAGES + IMAGENET_VAL_IMAGES)
-
-Strategy = Literal["horovod", "ps", "reducers"]
-STRATEGIES: tuple[Strategy, ...] = ("horovod", "ps", "reducers")
-STRATEGY_LABELS: dict[str, str] = {
-    "horovod": "Horovod ring allreduce",
-    "ps": "parameter servers",
-    "reducers": "reducer tier",
-}
-# The CPU tier's instance type when none is named. Parameter servers: seed 000 used m4.16xlarge (64 vCPUs, 25 Gbps),
-# which the catalog does not carry; m5.24xlarge has the same 25 Gbps. Reducers: seed 004's C5n.
-DEFAULT_TIER_TYPE: dict[str, str] = {"ps": "m5.24xlarge", "reducers": "c5n.18xlarge"}
 _TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
-Precision = Literal["amp", "fp32"]
-
-
-class Workload(BaseModel):
-    """What is trained: how many images, how many epochs, and how heavy the model is."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    images_per_epoch: int = Field(gt=0)
-    epochs: int = Field(gt=0)
-    flops_ratio: float = Field(
-        1.0, gt=0, description="cost per image relative to ResNet-50 at 224 px (ResNet-18 at 32 px: ~0.0099)"
-    )
-    param_count: int = Field(RESNET50_PARAMS, gt=0, description="parameters whose gradients are allreduced")
-    grad_bytes_per_param: int = Field(
-        4, ge=1, le=8, description="4 for fp32 gradients, 2 with fp16 compression"
-    )
-    val_images: int = Field(IMAGENET_VAL_IMAGES, ge=0, description="images of the one validation pass at the end")
-    dataset_bytes: int | None = Field(
-        None, ge=0, description="bytes staged from S3 before training; default: images x ImageNet's ~115 kB"
-    )
-    checkpoint_every_epoch: bool = True
-
-    @property
-    def grad_bytes(self) -> int:
-        return self.param_count * self.grad_bytes_per_param
-
-    @property
-    def checkpoint_bytes(self) -> int:
-        """fp32 weights plus SGD momentum: what the trainer's checkpoint holds, to within the batch-norm buffers."""
-        return self.param_count * 8
-
-    @property
-    def staged_bytes(self) -> float:
-        if self.dataset_bytes is not None:
-            return float(self.dataset_bytes)
-        return (self.images_per_epoch + self.val_images) * BYTES_PER_IMAGE
-
-
-def imagenet(epochs: int = 90, *, fp16_allreduce: bool = False) -> Workload:
-    """ResNet-50 on ImageNet-1k at 224 px: seed 000's workload."""
-    return Workload(images_per_epoch=IMAGENET_TRAIN_IMAGES, epochs=epochs, dataset_bytes=IMAGENET_BYTES,
-                    grad_bytes_per_param=2 if fp16_allreduce else 4)
-
-
-class ModelConstants(BaseModel):
-    """The model's assumptions, in one place. Defaults are calibrated to seeds 000 and 003 (see module doc)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    # Fraction of the network line rate an allreduce achieves. Without EFA, NCCL/Horovod run over
-    # TCP sockets on ENA; 0.7 is what, with the overlap below, reproduces seed 000's 90% on 25 Gbps.
-    # EFA (libfabric SRD through aws-ofi-nccl) bypasses the kernel; 0.8 is an assumption, not a fit.
-    network_efficiency_tcp: float = Field(0.70, gt=0, le=1)
-    network_efficiency_efa: float = Field(0.80, gt=0, le=1)
-    # Per-hop latency (alpha) of a message across nodes, seconds.
-    network_latency_tcp_s: float = Field(30e-6, ge=0)
-    network_latency_efa_s: float = Field(15e-6, ge=0)
-    # Fraction of ONE direction of the per-GPU interconnect a ring achieves (the catalog figure is
-    # bidirectional, so the usable bandwidth is catalog / 2 * this), and its per-hop latency.
-    interconnect_efficiency: float = Field(0.70, gt=0, le=1)
-    interconnect_latency_s: float = Field(5e-6, ge=0)
-    # Backward propagation is ~2/3 of a training step's compute (it does ~2x the forward's FLOPs); a
-    # validation image (forward only) therefore costs 1/3 of a training image.
-    backward_share: float = Field(2 / 3, gt=0, lt=1)
-    # Communication can hide behind at most this fraction of backward. Calibrated: 0.2 turns seed
-    # 000's ~84 ms of allreduce per step into ~36 ms exposed, i.e. 91% scaling. It is low because the
-    # 2018 stack (Horovod 0.13, 64 MB fusion buffer, 5 ms cycle) issued most traffic late, and it
-    # absorbs what the model does not itemise (stragglers, input pipeline, negotiation).
-    overlap_fraction: float = Field(0.20, ge=0, le=1)
-    # The CPU ceiling: images/s one vCPU decodes and augments (JPEG decode + RandomResizedCrop + flip of an
-    # ImageNet-size image with PIL). 250 is an assumption until bench/loader.py's figure is measured on an AWS
-    # instance; it binds only for models far cheaper than ResNet-50 at 224 px (p3.16xlarge: 64 vCPUs x 250
-    # = 16k img/s per node against the ~5.7k its GPUs need).
-    loader_img_per_sec_per_vcpu: float = Field(250.0, gt=0)
-    # Parameter servers: what one server process gets through per second of incoming gradient when it sums
-    # the pushes and runs the optimizer update (ps-lite over ZMQ/TCP). FIT to seed 003: with it, one
-    # m5.24xlarge-class (25 Gbps) server for 8 x p3.16xlarge gives 38% scaling, as theirs did.
-    ps_server_bytes_per_sec: float = Field(4.0e9, gt=0)
-    # Reducers: gradient bytes one vCPU sums per second (AVX float adds, memory-bound; c5n.18xlarge: 72 x 0.5 =
-    # 36 GB/s, about a third of its memory bandwidth). An assumption; it binds only for small reducers.
-    reducer_sum_bytes_per_sec_per_vcpu: float = Field(0.5e9, gt=0)
-    # Fixed costs. Provisioning: billed time from instance launch to SSH-ready nodes (boot, EFA and driver
-    # checks) plus termination; an assumption. Staging: each node pulls its share of the data set from S3 at
-    # this fraction of min(its line rate, AWS's 100 Gbps EC2-to-S3 ceiling). Checkpoints: rank 0 writes
-    # weights + momentum to an EBS gp3 volume at its baseline 125 MiB/s while the other ranks wait; with
-    # that, seed 000's per-epoch time comes out at their 33 s.
-    provisioning_s: float = Field(300.0, ge=0)
-    s3_efficiency: float = Field(0.5, gt=0, le=1)
-    s3_max_gbps: float = Field(100.0, gt=0)
-    checkpoint_write_bytes_per_sec: float = Field(125 * 2**20, gt=0)
-
-
-DEFAULT_CONSTANTS = ModelConstants()
-
-
-class GpuThroughput(BaseModel):
-    """Single-GPU ResNet-50 training images/s and where the figure comes from."""
-
-    model_config = ConfigDict(frozen=True)
-
-    img_per_sec: float = Field(gt=0)
-    source: str
-
-
-def resolve_gpu_throughput(instance: InstanceType, precision: Precision = "amp", *, override: float | None = None,
-                           measured: Mapping[str, GpuThroughput] | None = None) -> GpuThroughput:
-    """The per-GPU figure the model uses: ``override``, else this project's measurement, else the catalog's.
-
-    ``measured`` maps ``'GPU_MODEL/precision'`` (e.g. ``'V100/amp'``) to figures recorded from runs (see
-    :mod:`launcher.measured`). The catalog carries mixed-precision (``amp``) figures only.
-    """
-    if instance.gpus == 0 or instance.resnet50_img_per_sec_per_gpu is None:
-        raise ValueError(f"{instance.name} has no GPUs; training needs a GPU instance type")
-    if precision not in ("amp", "fp32"):
-        raise ValueError(f"unknown precision '{precision}'; choose one of: amp, fp32")
-    if override is not None:
-        if not (override > 0 and math.isfinite(override)):
-            raise ValueError(f"gpu_throughput must be a positive number of images/s, got {override}")
-        return GpuThroughput(img_per_sec=override, source="override (--gpu-throughput)")
-    key = f"{instance.gpu_model}/{precision}"
-    if measured and key in measured:
-        return measured[key]
-    if precision == "amp":
-        return GpuThroughput(img_per_sec=instance.resnet50_img_per_sec_per_gpu,
-                             source=f"catalog, {instance.gpu_model} mixed precision: {instance.throughput_source}")
-    raise ValueError(f"no {precision} ResNet-50 figure for {instance.gpu_model} (the catalog has mixed precision "
-                     f"only and none was measured); pass --gpu-throughput")
 
 
 class Estimate(BaseModel):
@@ -531,73 +375,3 @@ def compare(
     return [estimate(get(name), nodes, workload, batch_per_gpu=batch_per_gpu, constants=constants)
             for name in instances]
 
-
-# --- After a run: measured against predicted ------------------------------------------------------------
-
-
-class RunCheck(BaseModel):
-    """A finished run's measured throughput, loop time and cost beside the model's prediction for the same shape.
-
-    The comparison covers the training loop (the trainer's ``time_s`` over ``images`` trained): provisioning,
-    staging, checkpoints and validation are not in it, so the predicted time is ``images / images_per_sec``.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    predicted: Estimate
-    images: int = Field(gt=0, description="images the run trained (all ranks, all epochs it ran)")
-    measured_images_per_sec: float
-    measured_steady_images_per_sec: float | None = Field(description="without the first logging window, if known")
-    measured_loop_s: float
-
-    @property
-    def predicted_loop_s(self) -> float:
-        return self.images / self.predicted.images_per_sec
-
-    def cost(self, seconds: float) -> float:
-        return self.predicted.cluster_usd_per_hour * seconds / 3600
-
-    @property
-    def rows(self) -> list[tuple[str, str, str, float]]:
-        """(what, measured, predicted, relative error of measured against predicted)."""
-        p = self.predicted
-        rows = [("throughput", f"{self.measured_images_per_sec:,.0f} img/s", f"{p.images_per_sec:,.0f} img/s",
-                 _off(self.measured_images_per_sec, p.images_per_sec))]
-        if self.measured_steady_images_per_sec:
-            rows.append(("steady throughput", f"{self.measured_steady_images_per_sec:,.0f} img/s",
-                         f"{p.images_per_sec:,.0f} img/s", _off(self.measured_steady_images_per_sec, p.images_per_sec)))
-        rows += [
-            (f"time for {self.images:,} images", _duration(self.measured_loop_s), _duration(self.predicted_loop_s),
-             _off(self.measured_loop_s, self.predicted_loop_s)),
-            (f"cost at ${p.cluster_usd_per_hour:,.2f}/h", f"${self.cost(self.measured_loop_s):,.2f}",
-             f"${self.cost(self.predicted_loop_s):,.2f}", _off(self.measured_loop_s, self.predicted_loop_s)),
-        ]
-        return rows
-
-    def verdict(self) -> str:
-        """One line: how far off the model was on throughput, the figure time and cost follow from."""
-        off = _off(self.measured_images_per_sec, self.predicted.images_per_sec)
-        if abs(off) < 0.005:
-            return f"measured throughput matched the model's prediction for {self.predicted.shape} (within 0.5%)"
-        direction = "above" if off > 0 else "below"
-        time_off = _off(self.measured_loop_s, self.predicted_loop_s)
-        return (f"measured throughput was {abs(off):.1%} {direction} the model's prediction for "
-                f"{self.predicted.shape}; time and cost were off by {time_off:+.1%}")
-
-
-def _off(measured: float, predicted: float) -> float:
-    return (measured - predicted) / predicted if predicted else math.inf
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:,.1f} s" if seconds < 120 else f"{seconds / 60:,.1f} min"
-
-
-def check_run(predicted: Estimate, *, images: int, images_per_sec: float, loop_s: float,
-              steady_images_per_sec: float | None = None) -> RunCheck:
-    """Compare a run's measured training loop with ``predicted``, the estimate for the shape that ran."""
-    if not (images > 0 and images_per_sec > 0 and loop_s > 0):
-        raise ValueError(f"a run check needs positive measured images, images/s and time; got {images}, "
-                         f"{images_per_sec}, {loop_s}")
-    return RunCheck(predicted=predicted, images=images, measured_images_per_sec=images_per_sec,
-                    measured_steady_images_per_sec=steady_images_per_sec, measured_loop_s=loop_s)

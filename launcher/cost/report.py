@@ -21,19 +21,17 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.catalog import get
-from launcher.costmodel import (
+from launcher.cost.inputs import (
     DEFAULT_CONSTANTS,
     DEFAULT_TIER_TYPE,
     STRATEGIES,
     STRATEGY_LABELS,
-    Estimate,
     GpuThroughput,
     ModelConstants,
     Workload,
-    estimate,
-    model_notes,
 )
-from launcher.pricing import MARKETS, PriceBook, PriceQuote
+from launcher.cost.model import Estimate, estimate, model_notes
+from launcher.cost.prices import MARKETS, PriceBook, PriceQuote
 
 __all__ = [
     "DEFAULT_INSTANCE_TYPES",
