@@ -156,7 +156,8 @@ def doctor_cmd(cluster: str = ClusterOpt,
                storage: str = typer.Option("auto", "--storage", help="Shared storage to expect on AWS nodes: "
                                                                      "auto (Lustre or BeeGFS), fsx, beegfs, none.")):
     """Prove every node is ready: GPUs, driver, EFA, NCCL, Horovod, storage, clocks, then a test across nodes."""
-    from launcher import doctor, doctor_run
+    from launcher.doctor import checks as doctor
+    from launcher.doctor import runner as doctor_run
 
     c = clusters.load(cluster)
     checks = doctor_run.diagnose(c, storage=storage)

@@ -10,8 +10,8 @@ from clusterutil import assert_one_line_error, cluster_state, launch
 
 from ami import paths
 from infra import catalog
-from launcher import doctor
-from launcher.doctor import Probe
+from launcher.doctor import checks as doctor
+from launcher.doctor.checks import Probe
 
 DATA = Path(__file__).parent / "data" / "doctor"
 P4D = catalog.get("p4d.24xlarge")

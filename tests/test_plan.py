@@ -9,9 +9,10 @@ from golden import assert_golden
 
 from ami import paths
 from infra.catalog import get
-from launcher import doctor_run, render
+from launcher import render
 from launcher.cluster import Cluster, Node
 from launcher.cluster.local import cpus_per_node, node_names
+from launcher.doctor import runner as doctor_run
 from launcher.errors import LaunchError
 from launcher.plans import job as plan
 from launcher.plans import offline

@@ -36,7 +36,7 @@ PYTHON
 verify() {
     # training.train is what mpirun starts on every rank: torch, simplejpeg (the `train` extra) and the engines.
     # -I: the venv's own packages, never a checkout that happens to be the working directory.
-    "$PY" -I -c 'import launcher.doctor, training.train, horovod.torch' \
+    "$PY" -I -c 'import launcher.doctor.checks, training.train, horovod.torch' \
         || { echo "error: scaletrain's trainer does not import in $SCALETRAIN_VENV" >&2; return 1; }
     diff <(profile) "$SCALETRAIN_PROFILE" >/dev/null 2>&1 \
         || { echo "error: $SCALETRAIN_PROFILE does not set the image's PATH and LD_LIBRARY_PATH" >&2; return 1; }

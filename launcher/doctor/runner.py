@@ -1,6 +1,7 @@
 """The shell of `launch doctor`: gather every node's probes in parallel, then the cluster-wide test.
 
-Decisions live in launcher/doctor.py; this module only runs commands (launcher.execute.remote) and feeds the output in.
+Decisions live in launcher/doctor/checks.py; this module only runs commands (launcher.execute.remote) and feeds
+the output in.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import time
 
 from ami import paths
 from infra import catalog
-from launcher import doctor
 from launcher.cluster import Cluster, Node
-from launcher.doctor import Check
+from launcher.doctor import checks as doctor
+from launcher.doctor.checks import Check
 from launcher.errors import LaunchError
 from launcher.execute import remote
 from launcher.plans import efa, job

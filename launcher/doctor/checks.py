@@ -4,7 +4,7 @@ Each check reads the recorded stdout of one tool (``nvidia-smi``, ``nvcc``, ``fi
 ``horovodrun --check-build``, ``findmnt -J``, ``date +%s.%N``, nccl-tests' ``all_reduce_perf``...) and the
 catalog entry of the node's instance type, and returns a :class:`Check`: ok, fail (with the reason a user can
 act on) or skip (with why it does not apply). :func:`probe_script` is the one shell command that gathers all of
-it on a node; :func:`parse_probes` splits its output again. The shell that runs it is launcher/doctor_run.py.
+it on a node; :func:`parse_probes` splits its output again. The shell that runs it is launcher/doctor/runner.py.
 """
 
 from __future__ import annotations
