@@ -7,8 +7,8 @@ import json
 import pytest
 
 from infra.catalog import get
-from launcher import cli
 from launcher import cluster as clusters
+from launcher.cli import train as cli
 from launcher.cluster import Cluster, Node
 from launcher.cost import measured
 from launcher.cost.inputs import imagenet

@@ -131,7 +131,7 @@ def test_convert_on_a_two_node_local_cluster_matches_one_machine(source, tmp_pat
 
 
 def test_progress_off_a_terminal_is_a_line_with_rate_and_eta(monkeypatch, capsys):
-    from launcher import cli
+    from launcher.cli import data as cli
 
     monkeypatch.setattr(cli._Tick, "LINE_EVERY_S", 0.0)
     with cli._progress("convert", 0) as tick:

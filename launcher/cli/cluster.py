@@ -1,0 +1,182 @@
+"""A cluster's life on AWS: `launch preflight` before deploying, `discover`, `status` (local clusters too), `ssh`
+(local clusters too) and `down`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from launcher import cluster as clusters
+from launcher.cli.common import DEFAULT_STACK, ClusterOpt, ProfileOpt, RegionOpt, console, target
+from launcher.errors import LaunchError
+from launcher.execute import remote
+
+app = typer.Typer()
+
+
+@app.command("status")
+def status(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt,
+           extend_ttl: float = typer.Option(None, "--extend-ttl", metavar="HOURS",
+                                            help="AWS: move the stack's self-deletion this many hours later.")):
+    """Nodes of a cluster and whether each answers over SSH; on AWS also uptime, cost so far and TTL left."""
+    c, stack = target(cluster)
+    if stack is not None:
+        _status_aws(c, stack, region, profile, extend_ttl)
+        return
+    if extend_ttl is not None:
+        raise LaunchError("--extend-ttl applies to AWS clusters; a local cluster has no TTL")
+    assert c is not None
+    answers = {r.node: r for r in remote.run_all(c, c.nodes, "uptime -p 2>/dev/null || uptime")}
+    table = Table(title=f"cluster '{c.name}' ({c.backend})")
+    for col in ("node", "role", "address", "slots", "state", "uptime"):
+        table.add_column(col)
+    for n in c.nodes:
+        r = answers[n.name]
+        table.add_row(n.name, n.role, n.address, str(n.slots), "ready" if r.ok else f"unreachable: {r.error}",
+                      r.stdout.strip() if r.ok else "")
+    console.print(table)
+    if not all(r.ok for r in answers.values()):
+        raise typer.Exit(1)
+
+
+def _aws_cluster(c: clusters.Cluster | None, stack: str, region: str | None, profile: str | None):
+    """(session, the cluster as last discovered: rediscovered when this launcher has not seen it yet)."""
+    from launcher.cluster.aws import api as aws
+
+    sess = aws.session(region or (c.aws.region if c and c.aws else None),
+                       profile or (c.aws.profile if c and c.aws else None))
+    return sess, c if c is not None else aws.discover_cluster(sess, stack, profile=profile)
+
+
+def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, profile: str | None,
+                extend_ttl: float | None) -> None:
+    import datetime as dt
+
+    from launcher.cluster.aws import api as aws
+    from launcher.cluster.aws import lifecycle
+
+    sess, c = _aws_cluster(c, stack, region, profile)
+    assert c.aws is not None
+    if extend_ttl is not None:
+        start = aws.extend_ttl(sess, c, extend_ttl)
+        console.print(f"TTL extended: the stack deletes itself from {start:%Y-%m-%d %H:%M:%S} UTC")
+        c = clusters.load(c.name)
+    now = dt.datetime.now(dt.timezone.utc)
+    rows = aws.status(sess, c, now)
+    newcomers = lifecycle.undiscovered({n.instance_id for n in c.nodes if n.instance_id},
+                                       [(i.instance_id, i.role, i.state) for i in aws.cluster_instances(sess, c.name)])
+    table = Table(title=f"cluster '{c.name}' (aws, {c.aws.region}, {c.instance_type})")
+    for col in ("node", "role", "instance", "address", "state", "uptime", "cost so far (USD)"):
+        # Ids and addresses are what people copy: folded onto a second line in a narrow terminal, never cut.
+        table.add_column(col, justify="right" if col.startswith("cost") else "left", overflow="fold",
+                         min_width=19 if col == "instance" else None)
+    for n, r in zip(c.nodes, rows, strict=True):
+        table.add_row(n.name, n.role, n.instance_id or "", n.address, r.state, lifecycle.format_duration(r.uptime_s),
+                      f"{r.cost_usd:,.2f}")
+    console.print(table)
+    left = lifecycle.ttl_left(c.aws.ttl_expires_at, now)
+    ttl = "no TTL" if left is None else (f"{lifecycle.format_duration(left)} left (deletes itself from "
+                                         f"{c.aws.ttl_expires_at})" if left > 0 else
+                                         f"expired at {c.aws.ttl_expires_at}: deletion under way")
+    console.print(f"cost so far: ${lifecycle.cost_so_far(rows):,.2f} (on-demand prices); TTL: {ttl}")
+    if newcomers:
+        console.print(newcomers, markup=False, highlight=False)
+    if any(r.state != "running" for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command("down")
+def down(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
+    """Delete an AWS cluster's stack, wait until it is gone, and verify no instance with its tag remains."""
+    from launcher.cluster.aws import api as aws
+
+    c, stack = target(cluster)
+    if stack is None:
+        raise LaunchError(f"cluster '{c.name if c else cluster}' is local; bring it down with `launch local down`")
+    sess = aws.session(region or (c.aws.region if c and c.aws else None),
+                       profile or (c.aws.profile if c and c.aws else None))
+    aws.teardown(sess, stack, say=lambda line: console.print(line, markup=False, highlight=False))
+    if c is not None:
+        import shutil
+
+        shutil.rmtree(clusters.cluster_dir(c.name), ignore_errors=True)
+
+
+@app.command("preflight")
+def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", metavar="KEY=VALUE",
+                                                    help="A context key of `npx cdk deploy`, as you will pass it "
+                                                         "there (cdk.json's context is read first)."),
+                  region: str = typer.Option(None, "--region", help="Same as -c region=REGION (the stack's region; "
+                                                                    "default: cdk.json's)."),
+                  profile: str = ProfileOpt):
+    """Before `npx cdk deploy`: ask AWS (read-only) what would stop the stack's nodes: instance types offered in
+    the AZ, vCPU quotas, the capacity reservation, the image. Each failure is one line naming the fix."""
+    import json
+
+    from launcher.cluster.aws import api as aws
+    from launcher.execute import preflight as preflight_shell
+    from launcher.plans import preflight
+
+    pairs = list(context or [])
+    cdk_json = next((p for p in (Path("cdk.json"), Path(__file__).resolve().parents[2] / "cdk.json")
+                     if p.is_file()), None)
+    try:
+        defaults = json.loads(cdk_json.read_text()).get("context", {}) if cdk_json else {}
+        ctx = preflight.context_from_args(pairs, defaults)
+        if region is not None and any(p.startswith("region=") for p in pairs):
+            if ctx.get("region") != region:
+                raise ValueError(f"--region {region} and -c region={ctx.get('region')} disagree; pass one")
+        elif region is not None:
+            ctx["region"], pairs = region, [*pairs, f"region={region}"]
+        spec = preflight.spec_from_context(ctx)
+    except (ValueError, OSError) as e:
+        raise LaunchError(str(e).splitlines()[0]) from None
+    facts = preflight_shell.gather(aws.session(spec.region, profile), spec)
+    verdicts = preflight.decide(spec, facts)
+    for line in [*preflight.render(verdicts), preflight.summary(spec, verdicts, pairs)]:
+        console.print(line, markup=False, highlight=False)
+    if preflight.failed(verdicts):
+        raise typer.Exit(1)
+
+
+@app.command("discover")
+def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name; default $SCALETRAIN_STACK or "
+                                                                    "'scaletrain'."),
+                 region: str = RegionOpt, profile: str = ProfileOpt,
+                 ready_timeout: float = typer.Option(1800, "--ready-timeout", help="Seconds to wait for the nodes."),
+                 no_wait: bool = typer.Option(False, "--no-wait", help="Only read the stack; do not wait.")):
+    """Find a deployed stack's nodes, pin their host keys, write the ssh_config, and wait until all are ready."""
+    from launcher.cluster.aws import api as aws
+    from launcher.execute import awsrun
+
+    stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
+    sess = aws.session(region, profile)
+    if no_wait:
+        c = aws.discover_cluster(sess, stack, profile=profile)
+    else:
+        c = awsrun.connect_ready(sess, stack, profile=profile, timeout_s=ready_timeout)
+        awsrun.install_node_access(c)
+    for n in c.nodes:
+        console.print(f"  {n.name:<10} {n.role:<8} {n.instance_id}  {n.address:<15} {n.instance_type}  "
+                      f"{n.slots} slot(s)", markup=False, highlight=False)
+    console.print(f"cluster '{c.name}': {len(c.workers)} worker(s), {len(c.reducers)} reducer(s); ssh_config "
+                  f"{c.ssh_config} (try: launch ssh {c.nodes[0].name})", markup=False, highlight=False)
+
+
+@app.command("ssh", context_settings={"allow_interspersed_args": False})
+def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ...)."),
+            command: list[str] = typer.Argument(None, help="Command to run instead of a login shell."),
+            cluster: str = ClusterOpt):
+    """Open an SSH session on one node (through SSM Session Manager on AWS), host keys pinned."""
+    c = clusters.load(cluster)
+    c.node(node)
+    argv = ssh_argv(c.ssh_config, node, command or [])
+    os.execvp(argv[0], argv)
+
+
+def ssh_argv(ssh_config: str, node: str, command: list[str]) -> list[str]:
+    """The ssh command line `launch ssh` runs (pure; the cluster's ssh_config pins the keys and the proxy)."""
+    return ["ssh", "-F", ssh_config, *(["-t"] if not command else []), node, *command]

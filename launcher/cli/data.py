@@ -1,0 +1,159 @@
+"""`launch data sample|convert`: sample data in the ILSVRC2012 layout, and ImageNet to shards (here, or on every
+node of a cluster), with a progress display."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from launcher import cluster as clusters
+from launcher.cli.common import console, err
+from launcher.errors import LaunchError
+
+app = typer.Typer(no_args_is_help=True, help="Sample data in the ILSVRC2012 layout; conversion to shards.")
+
+
+class _Tick:
+    """The per-image tick of a progress display: a rich bar with images/s and ETA on a terminal, else a plain
+    line every LINE_EVERY_S seconds (a node's output relayed by `--cluster` is not a terminal)."""
+
+    LINE_EVERY_S = 30.0
+
+    def __init__(self, bar: Progress, what: str, total: int):
+        self.bar, self.what = bar, what
+        self.task = bar.add_task(what, total=max(total, 0), rate="")
+        self.restart(total)
+
+    def restart(self, total: int) -> None:
+        """Count `total` images from now (the clock too: images/s and ETA are for the work left)."""
+        self.total, self.done, self.start = max(total, 0), 0, time.perf_counter()
+        self.last_line = self.start
+        self.bar.reset(self.task, total=self.total, rate="")
+
+    def __call__(self) -> None:
+        self.done += 1
+        now = time.perf_counter()
+        rate = self.done / max(now - self.start, 1e-9)
+        if not self.bar.disable:
+            self.bar.update(self.task, advance=1, rate=f"{rate:.0f}")
+        elif now - self.last_line >= self.LINE_EVERY_S:
+            self.last_line = now
+            eta = time.strftime("%H:%M:%S", time.gmtime(max(self.total - self.done, 0) / max(rate, 1e-9)))
+            err.print(f"{self.what}: {self.done:,}/{self.total:,} images, {rate:.0f} img/s, ETA {eta}",
+                      markup=False, highlight=False)
+
+
+@contextlib.contextmanager
+def _progress(what: str, total: int) -> Iterator[_Tick]:
+    """A progress display (see _Tick); yields the per-image tick."""
+    bar = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]:>8} img/s"),
+                   TimeRemainingColumn(), console=err, disable=not err.is_terminal)
+    with bar:
+        yield _Tick(bar, what, total)
+
+
+@app.command("sample")
+def data_sample(out: Path = typer.Option(..., "--out", help="Directory to create (ILSVRC2012 layout)."),
+                classes: int = typer.Option(10, "--classes", help="Number of classes (2..1000)."),
+                per_class: int = typer.Option(100, "--per-class", help="Training images per class."),
+                val_per_class: int = typer.Option(None, "--val-per-class",
+                                                  help="Validation images per class; default per-class/5."),
+                seed: int = typer.Option(0, "--seed", help="Same seed, same bytes.")):
+    """Write a synthetic data set in the real ILSVRC2012 layout, learnable by a small network."""
+    from training.sample import make_sample
+
+    total = classes * (per_class + (val_per_class if val_per_class is not None else max(2, per_class // 5)))
+    with _progress("sample", total) as tick:
+        try:
+            summary = make_sample(out, classes=classes, per_class=per_class, val_per_class=val_per_class,
+                                  seed=seed, on_image=tick)
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+    console.print(f"wrote {summary['train']} training and {summary['val']} validation images "
+                  f"in {classes} classes to {out}")
+
+
+@app.command("convert")
+def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet as you have it (see above)."),
+                 out: Path = typer.Option(..., "--out", help="Directory for the shards and manifest.json."),
+                 shard_size: int = typer.Option(1000, "--shard-size", help="Samples per shard."),
+                 resize: int = typer.Option(None, "--resize", metavar="PX",
+                                            help="Shrink images whose shorter side is over PX to PX (e.g. 256-480) "
+                                                 "and re-encode them; default: keep every image as it is."),
+                 quality: int = typer.Option(95, "--quality", metavar="Q", help="JPEG quality of re-encoded images."),
+                 seed: int = typer.Option(0, "--seed", help="Shuffle seed."),
+                 workers: int = typer.Option(None, "--workers", metavar="W",
+                                             help="Processes; default: one per core (with --cluster: the node's)."),
+                 node_index: int = typer.Option(0, "--node-index", metavar="I",
+                                                help="This machine is node I of --node-count N: it writes shards "
+                                                     "I, I+N, ... and manifest.node-I-of-N.json; when every node "
+                                                     "is done, one runs --merge."),
+                 node_count: int = typer.Option(1, "--node-count", metavar="N", help="Machines sharing the work."),
+                 merge: bool = typer.Option(False, "--merge", help="Only merge the node manifests of an N-node "
+                                                                   "conversion (--node-count N) into manifest.json."),
+                 cluster: str = typer.Option(None, "--cluster", help="Convert on every node of this cluster, then "
+                                                                     "merge; SRC and --out as the nodes see them "
+                                                                     "(shared storage).")):
+    """Convert ImageNet into WebDataset shards with a manifest; resumable, parallel over cores and nodes.
+
+    SRC is ImageNet as you have it: train/<wnid>/ and val/ folders (val as class folders, or flat files beside
+    LOC_val_solution.csv or the devkit), and/or the official ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar,
+    read without extracting. Run again after an interruption: finished shards are verified and kept.
+    """
+    from training.convert import convert, merge_manifests
+
+    def summary(manifest: dict, where: str) -> None:
+        splits = ", ".join(f"{k}: {v['samples']} samples in {v['shards']} shards"
+                           for k, v in manifest["splits"].items())
+        console.print(f"wrote {where} ({splits or 'no shards'}); {len(manifest['rejected'])} input(s) rejected")
+        shown = 20
+        for r in manifest["rejected"][:shown]:
+            err.print(f"  rejected {r['path']}: {r['reason']}", markup=False, highlight=False)
+        if len(manifest["rejected"]) > shown:
+            err.print(f"  ... and {len(manifest['rejected']) - shown} more, listed in {where}", markup=False,
+                      highlight=False)
+
+    try:
+        if merge:
+            if cluster is not None or src is not None:
+                raise LaunchError("--merge takes only --out and --node-count")
+            summary(merge_manifests(out, node_count), f"{out}/manifest.json")
+            return
+        if src is None:
+            raise LaunchError("missing argument SRC (see `launch data convert --help`)")
+        if cluster is not None:
+            from launcher.execute.dataprep import convert_on_cluster
+            from launcher.plans.dataprep import ConvertSpec
+
+            if (node_index, node_count) != (0, 1):
+                raise LaunchError("--cluster chooses the nodes itself; leave out --node-index and --node-count")
+            spec = ConvertSpec(src=str(src.expanduser().resolve()), out=str(out.expanduser().resolve()),
+                               shard_size=shard_size, seed=seed, resize=resize, quality=quality,
+                               workers=workers)
+            summary(convert_on_cluster(clusters.load(cluster), spec), f"{spec.out}/manifest.json")
+            return
+        if not src.exists():
+            raise LaunchError(f"SRC {src} does not exist")
+
+        def started(inputs: int, kept: int) -> None:
+            if kept:
+                err.print(f"resuming: {kept} finished shard(s) verified and kept", markup=False, highlight=False)
+            tick.restart(inputs)
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if err.is_terminal:
+            err.print(f"listing {src} ...", markup=False, highlight=False)  # 1.28M files take a while
+        with _progress("convert", 0) as tick:
+            manifest = convert(src, out, shard_size=shard_size, seed=seed, resize=resize, quality=quality,
+                               workers=workers or cores, node_index=node_index,
+                               node_count=node_count, on_start=started, on_sample=tick)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    where = "manifest.json" if node_count == 1 else f"manifest.node-{node_index}-of-{node_count}.json"
+    summary(manifest, f"{out}/{where}")

@@ -1,0 +1,32 @@
+"""`launch exec`: one command on every node, in parallel."""
+
+from __future__ import annotations
+
+import typer
+
+from launcher import cluster as clusters
+from launcher.cli.common import ClusterOpt, console, err
+from launcher.errors import LaunchError
+from launcher.execute import remote
+
+app = typer.Typer()
+
+
+@app.command("exec", context_settings={"allow_interspersed_args": False})
+def exec_(command: list[str] = typer.Argument(..., help="The command (after --), run by each node's shell."),
+          cluster: str = ClusterOpt):
+    """Run one command on every node in parallel; output is prefixed by node."""
+    c = clusters.load(cluster)
+    results = remote.run_all(c, c.nodes, " ".join(command))
+    for r in results:
+        for line in r.stdout.splitlines():
+            console.print(f"[{r.node}] {line}", markup=False, highlight=False)
+        for line in r.stderr.splitlines():
+            err.print(f"[{r.node}] {line}", markup=False, highlight=False)
+        if r.error:
+            err.print(f"[{r.node}] {r.error}", markup=False, highlight=False)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        detail = ", ".join(f"{r.node} ({'exit ' + str(r.exit_code) if r.exit_code >= 0 else r.error})"
+                           for r in failed)
+        raise LaunchError(f"failed on {len(failed)} of {len(results)} node(s): {detail}")

@@ -1,0 +1,250 @@
+"""`launch train`: check the options, run the job on the cluster (local or AWS, torn down when asked), fetch its
+record, and report accuracy, measured against predicted throughput, and what the run would cost on AWS."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from launcher import cluster as clusters
+from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, err, target
+from launcher.cluster import local
+from launcher.errors import LaunchError
+from launcher.execute import remote, run
+from launcher.plans import job
+
+app = typer.Typer()
+
+
+@app.command("train", context_settings={"allow_interspersed_args": False})
+def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer options after --, e.g. -- "
+                                                             "--label-smoothing 0.1 (see python -m training.train "
+                                                             "--help)."),
+          cluster: str = ClusterOpt,
+          nodes: int = typer.Option(None, "--nodes", help="Worker nodes to use; default all."),
+          data: str = typer.Option(None, "--data", help="Shards directory (as the nodes see it); on AWS also "
+                                                       "s3://BUCKET/PREFIX of shards, or ImageNet as downloaded "
+                                                       "(converted on the nodes once, with fsx/beegfs storage); "
+                                                       "default: make sample data and convert it."),
+          model: str = typer.Option("resnet50", "--model", help="resnet18, resnet34, resnet50 or resnet101."),
+          image_size: int = typer.Option(224, "--image-size", help="Training crop size in px."),
+          epochs: int = typer.Option(90, "--epochs"),
+          batch_per_gpu: int = typer.Option(256, "--batch-per-gpu", help="Images per rank per step."),
+          warmup_epochs: float = typer.Option(None, "--warmup-epochs", help="Default: 10 (seed 000)."),
+          workers: int = typer.Option(2, "--workers", help="Data loader processes per rank."),
+          engine: str = typer.Option("horovod", "--engine", help="horovod, or ddp (torch.distributed: NCCL on "
+                                                                 "GPU, gloo on CPU) for an image without Horovod."),
+          reducers: int = typer.Option(0, "--reducers", help="Reduce gradients on this many of the cluster's "
+                                                             "reducer nodes (seed 004's tier; engine 'reducer')."),
+          output: str = typer.Option(None, "--output", help="Run directory; default runs/<time>."),
+          resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --output."),
+          teardown: bool = typer.Option(False, "--teardown", help="Bring the cluster down afterwards, "
+                                                                  "also on failure or Ctrl-C."),
+          region: str = RegionOpt, profile: str = ProfileOpt,
+          ready_timeout: float = typer.Option(1800, "--ready-timeout", help="AWS: seconds to wait for every node "
+                                                                           "to be ready."),
+          probe_interval: float = typer.Option(15, "--probe-interval", metavar="SECONDS",
+                                               help="While training, probe every node over SSH this often."),
+          probe_misses: int = typer.Option(4, "--probe-misses", metavar="N",
+                                           help="Stop the job when a node misses this many probes in a row "
+                                                "(hung, not dead: mpirun would wait for it for ever)."),
+          stall_timeout: float = typer.Option(1800, "--stall-timeout", metavar="SECONDS",
+                                              help="Stop the job when it prints nothing for this long (a rank stuck "
+                                                   "in a collective); 0: never.")):
+    """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
+    from training.model import check_model
+
+    try:
+        check_model(model)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    if engine not in job.ENGINES:
+        raise LaunchError(f"--engine must be one of: {', '.join(job.ENGINES)}; got '{engine}'")
+    if reducers < 0:
+        raise LaunchError(f"--reducers must be >= 0, got {reducers}")
+    if reducers and engine not in ("horovod", "reducer"):
+        raise LaunchError(f"--reducers uses the reducer engine; leave out --engine {engine}")
+    if engine == "reducer" and not reducers:
+        raise LaunchError("--engine reducer needs --reducers K (reducer nodes of the cluster)")
+    engine = "reducer" if reducers else engine
+    for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu), ("--image-size", image_size)):
+        if value < 1:
+            raise LaunchError(f"{name} must be >= 1, got {value}")
+    if resume and output is None:
+        raise LaunchError("--resume needs --output: the run directory holding the checkpoints")
+    if not probe_interval > 0:
+        raise LaunchError(f"--probe-interval must be a number of seconds > 0, got {probe_interval:g}")
+    if probe_misses < 1:
+        raise LaunchError(f"--probe-misses must be >= 1, got {probe_misses}")
+    if not stall_timeout >= 0:
+        raise LaunchError(f"--stall-timeout must be a number of seconds >= 0 (0: no silence check), "
+                          f"got {stall_timeout:g}")
+    from launcher.plans import watchdog
+
+    watch = watchdog.Watch(interval_s=probe_interval, misses=probe_misses, stall_s=stall_timeout)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+
+    def body(c: clusters.Cluster, out: str, data_path: str) -> None:
+        chosen = c.select_workers(nodes)
+        if reducers > len(c.reducers):
+            raise LaunchError(f"--reducers {reducers} is more than the {len(c.reducers)} reducer node(s) of cluster "
+                              f"'{c.name}'; bring one up with `launch local up --nodes N --reducers K`")
+        spec = job.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
+                             batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
+                             resume=resume, engine=engine, reducers=reducers,
+                             extra_args=tuple(trainer_args or ()))
+        result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers], watch=watch)
+        if c.backend == "aws":  # the run directory is on the cluster's storage, which --teardown deletes
+            _fetch_record(c, chosen[0], out, newest_checkpoint=teardown)
+        if result.stopped:  # the watchdog's reason: a hung node would only stall a probe of who answers
+            raise LaunchError(f"training failed: {result.stopped} (output above); run directory {out}")
+        if result.exit_code != 0:
+            from launcher.plans import faults
+
+            used = chosen + c.reducers[:reducers]
+            # Which nodes still answer: a node that went away is the likeliest cause, and mpirun may not name it.
+            silent = {r.node: r.error or f"exit {r.exit_code}" for r in remote.run_all(c, used, "true") if not r.ok}
+            why = faults.diagnose(result.lines, used, silent)
+            raise LaunchError(f"training failed: {why or f'mpirun on {chosen[0].name} exited {result.exit_code}'} "
+                              f"(output above); run directory {out}")
+        _report(chosen, spec, result, c)
+
+    c, stack = target(cluster)
+    if stack is None:
+        assert c is not None
+        try:
+            body(c, run.local_output(output, stamp), str(Path(data).expanduser().resolve()) if data else "")
+        finally:
+            if teardown:
+                _teardown(c)
+        return
+
+    from launcher.cluster.aws import api as aws
+    from launcher.execute import awsrun
+
+    sess = aws.session(region or (c.aws.region if c and c.aws else None), profile or (c.aws.profile if c and c.aws
+                                                                                       else None))
+
+    def on_aws() -> None:
+        found = awsrun.connect_ready(sess, stack, profile=profile, timeout_s=ready_timeout)
+        awsrun.install_node_access(found)
+        awsrun.prepare_storage(found)
+        first = found.select_workers(nodes)[0]
+        out = output or f"{awsrun.shared_root(found) or first.workdir}/runs/{stamp}"
+        body(found, out, awsrun.stage_data(found, found.select_workers(nodes), data) if data else "")
+
+    awsrun.with_teardown(sess, stack, teardown, on_aws)
+
+
+def _fetch_record(c: clusters.Cluster, first: clusters.Node, out: str, *, newest_checkpoint: bool) -> None:
+    """Bring the run's record (and, before a teardown, its newest checkpoint) to this machine; a failure here is a
+    warning, never the run's verdict."""
+    from launcher.execute import results
+
+    dest = results.local_copy(clusters.state_root(), c.name, out)
+    try:
+        got = results.fetch(c, first, out, dest, newest_checkpoint=newest_checkpoint, timeout_s=60)
+    except LaunchError as e:
+        console.print(f"warning: could not fetch the run's record from {first.name}: {e}", markup=False,
+                      highlight=False)
+        return
+    size = sum(f.size for f in got)
+    console.print(f"fetched {len(got)} file(s), {size / 2**20:,.1f} MiB, from {first.name}:{out} to {dest}",
+                  markup=False, highlight=False)
+
+
+def _report(chosen, spec: job.TrainSpec, result: run.RunResult, cluster: clusters.Cluster | None = None) -> None:
+    import datetime as dt
+
+    from launcher.cost import measured
+    from launcher.cost import shell as costshell
+    from launcher.cost.inputs import Workload
+    from launcher.cost.model import compare, estimate
+    from launcher.cost.runcheck import check_run
+    from training.model import flops_per_image, parameter_count
+
+    s = result.summary or {}
+    top1 = "n/a" if s.get("top1") is None else f"{s['top1']:.1%}"
+    top5 = "n/a" if s.get("top5") is None else f"{s['top5']:.1%}"
+    console.print(f"\nrun finished: {spec.model} on {len(chosen)} node(s) / {s.get('ranks', '?')} rank(s), "
+                  f"{spec.epochs} epochs, top-1 {top1}, top-5 {top5}, "
+                  f"{s.get('images_per_sec', 0):.0f} img/s, {s.get('time_s', 0):.0f} s")
+    console.print(f"metrics: {result.output}/metrics.jsonl   checkpoints: {result.output}/checkpoint-epoch*.pt")
+    images = result.train_images
+    ratio = flops_per_image(spec.model, spec.image_size) / flops_per_image("resnet50", 224)
+    per_epoch = s["steps_per_epoch"] * s["global_batch"] if s.get("steps_per_epoch") and s.get("global_batch") \
+        else images
+    workload = Workload(images_per_epoch=max(per_epoch, 1), epochs=spec.epochs, flops_ratio=ratio,
+                        param_count=parameter_count(spec.model, s.get("classes", 1000)))
+    figures, _ = costshell.load_measured()
+    constants, _ = costshell.model_constants()
+
+    # Measured against predicted, for the shape that ran.
+    c = cluster or costshell.cluster_of(list(chosen))
+    ran_on = c.instance_type if c is not None and c.backend == "aws" else None
+    on_gpus = s.get("device") not in (None, "cpu")
+    if not (ran_on and on_gpus):
+        where = f"{c.backend} cluster '{c.name}'" if c is not None else "this cluster"
+        console.print(f"\nmeasured vs predicted: not available -- the model predicts GPU instance types from the "
+                      f"catalog, and this run's {s.get('ranks', '?')} rank(s) ran on "
+                      f"{'CPUs' if not on_gpus else 'GPUs of an unknown instance type'} of the {where}.")
+    elif not (s.get("train_images") and s.get("images_per_sec") and s.get("time_s")):
+        console.print("\nmeasured vs predicted: not available -- the run trained no images (summary.json)")
+    else:
+        try:
+            instance = costshell.instance(ran_on)
+            book = costshell.price_book([instance], ["on-demand"], refresh=False)
+            predicted = estimate(
+                instance, len(chosen), workload, batch_per_gpu=spec.batch_per_gpu, measured=figures,
+                precision="fp32" if s.get("precision") == "fp32" else "amp", price=book.quote(ran_on, "on-demand"),
+                constants=constants)
+            check = check_run(predicted, images=s["train_images"], images_per_sec=s["images_per_sec"],
+                              loop_s=s["time_s"], steady_images_per_sec=s.get("steady_images_per_sec"))
+        except (ValueError, LaunchError) as e:
+            console.print(f"\nmeasured vs predicted: no prediction ({e})")
+        else:
+            table = Table(title=f"measured vs predicted: {predicted.shape}, {predicted.market}")
+            for col in ("", "measured", "predicted", "off by"):
+                table.add_column(col, justify="left" if not col else "right", no_wrap=True)
+            for what, got, want, off in check.rows:
+                table.add_row(what, got, want, f"{off:+.1%}")
+            console.print(table)
+            console.print(check.verdict())
+            console.print(f"per-GPU figure: {predicted.throughput_source.split(':')[0]}; "
+                          f"{book.quote(ran_on, 'on-demand').label()}")
+            found = measured.from_run(instance, nodes=len(chosen), model=spec.model, image_size=spec.image_size,
+                                      summary=s, run_dir=result.output, today=dt.date.today())
+            if found:
+                try:
+                    measured.record(measured.path(clusters.state_root()), *found)
+                    console.print(f"recorded {found[1].img_per_sec:,.0f} img/s per GPU as this project's measured "
+                                  f"{found[0]} figure; the cost model now uses it")
+                except OSError as e:
+                    err.print(f"warning: could not record the measured {found[0]} figure ({e.strerror or e})")
+
+    table = Table(title=f"the same run on AWS ({len(chosen)} node(s), {images} images x {spec.epochs} epochs)")
+    for col in ("instance", "img/s", "limited by", "time", "cost (USD)"):
+        table.add_column(col, justify="left" if col in ("instance", "limited by") else "right", no_wrap=True)
+    estimates = compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload,
+                        batch_per_gpu=spec.batch_per_gpu, constants=constants)
+    for e in estimates:
+        table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", e.limited_by, f"{e.time_to_train_s / 60:.1f} min",
+                      f"{e.cost_usd:,.2f}")
+    console.print(table)
+    dates = ", ".join(f"{e.instance_type} {e.price_date}" for e in estimates)
+    console.print(f"us-east-1 on-demand prices as of {dates}; time includes provisioning "
+                  f"({estimates[0].provisioning_s:.0f} s) and staging the data; `launch cost` compares more shapes.")
+
+
+def _teardown(c: clusters.Cluster) -> None:
+    if c.backend == "local":
+        local.down(c)
+        console.print(f"cluster '{c.name}' is down (--teardown)")
+    else:
+        from launcher.cluster.aws import api as aws
+
+        assert c.aws is not None
+        aws.teardown(aws.session(c.aws.region, c.aws.profile), c.aws.stack)
