@@ -12,15 +12,9 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from training.convert import (
-    class_index,
-    convert,
-    load_manifest,
-    merge_manifests,
-    plan_shards,
-    shards_for_node,
-)
+from training.convert import convert, merge_manifests
 from training.sample import IMAGENET_WNIDS, make_sample, wnids
+from training.shards import class_index, load_manifest, plan_shards, shards_for_node
 
 CLASSES, PER_CLASS, VAL_PER_CLASS, SAMPLE_SEED = 3, 4, 2, 7
 SHARD_SIZE, SHUFFLE_SEED = 5, 3
@@ -177,7 +171,7 @@ def test_sample_rejects_bad_options_in_one_line(tmp_path, options, message):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# training.convert: pure helpers
+# training.shards: pure helpers
 
 
 def test_class_index_is_the_sorted_position():

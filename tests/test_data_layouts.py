@@ -18,7 +18,9 @@ import webdataset as wds
 from PIL import Image, ImageFile
 from scipy.io import savemat
 
-from training.convert import Encoding, convert, prepare_image, resized_size, strict_decoding
+from training.convert import convert
+from training.shards import Encoding, prepare_image, resized_size
+from training.shardwriter import strict_decoding
 
 TENCH, GOLDFISH, SHARK = "n01440764", "n01443537", "n01484850"
 NON_LEAF = "n00001740"  # "entity": a synset of the devkit's hierarchy that is not a class

@@ -19,8 +19,9 @@ import pytest
 from clusterutil import ROOT, launch
 from PIL import Image
 
-from training.convert import JOURNAL, convert
+from training.convert import convert
 from training.sample import make_sample
+from training.shards import JOURNAL
 
 SHARD_SIZE, SEED = 5, 3
 

@@ -16,8 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
-from training.convert import convert, tar_member
+from training.convert import convert
 from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
+from training.shards import tar_member
 from training.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,

@@ -1,0 +1,271 @@
+"""The shard format and the decisions about it, without files: which inputs go in which shard, how an image is
+encoded, what a shard's fingerprint and the manifest say, and the manifest read back. training.convert tells the
+whole story; training.shardwriter writes what is decided here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import PIL
+from PIL import Image
+from pydantic import BaseModel, ValidationError
+
+from training.sources import SPLITS, Source
+
+FORMAT, VERSION = "webdataset", 1
+MANIFEST = "manifest.json"
+JOURNAL = ".journal"
+DEFAULT_QUALITY = 95
+MAX_PIXELS = 1 << 30  # a larger image is rejected rather than decoded (Pillow's own limit is 89 Mpx)
+ENCODER = f"pillow {PIL.__version__}"  # re-encoded bytes depend on it, so finished shards do too
+RESAMPLE = Image.Resampling.BICUBIC  # antialiased in Pillow; Lanczos is 40% slower for no visible gain at these scales
+
+T = TypeVar("T")
+
+
+class ConvertError(ValueError):
+    """A problem with the run as a whole (options, SRC, OUT); the message is one line."""
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    name: str
+    split: str
+    sources: list[Source]
+    fingerprint: str  # sha256 of everything that decides the shard's bytes
+
+
+@dataclass(frozen=True)
+class Encoding:
+    resize: int | None = None
+    quality: int = DEFAULT_QUALITY
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pure helpers: the decisions, without files.
+
+
+def class_index(wnids: Sequence[str]) -> dict[str, int]:
+    """WNID -> class index: its position in sorted order, 0-based."""
+    return {wnid: i for i, wnid in enumerate(sorted(set(wnids)))}
+
+
+def plan_shards(samples: Sequence[T], shard_size: int, seed: int) -> list[list[T]]:
+    """Shuffle `samples` with `seed`, then cut them into shards of `shard_size` (the last may be short)."""
+    order = list(samples)
+    random.Random(seed).shuffle(order)
+    return [order[i : i + shard_size] for i in range(0, len(order), shard_size)]
+
+
+def shards_for_node(n_shards: int, node_index: int, node_count: int) -> list[int]:
+    """The shard indices node `node_index` of `node_count` writes: those equal to it modulo `node_count`."""
+    return list(range(node_index, n_shards, node_count))
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}-{index:06d}.tar"
+
+
+def fingerprint(name: str, sources: Sequence[Source], labels: dict[str, int], encoding: Encoding) -> str:
+    """sha256 of what decides a shard's bytes: its inputs (where, how big, key, label) and the encoding."""
+    planned = [[s.path, s.container, s.offset, s.size, s.key, labels.get(s.wnid), s.problem] for s in sources]
+    text = json.dumps([FORMAT, VERSION, ENCODER, name, encoding.resize, encoding.quality, planned])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def plan(
+    sources: dict[str, list[Source]], shard_size: int, seed: int, labels: dict[str, int], encoding: Encoding
+) -> list[ShardPlan]:
+    """Every shard of the run, train shards first; identical on every node."""
+    shards = []
+    for split in SPLITS:
+        for i, chunk in enumerate(plan_shards(sources.get(split, []), shard_size, seed)):
+            name = shard_name(split, i)
+            shards.append(ShardPlan(name, split, chunk, fingerprint(name, chunk, labels, encoding)))
+    return shards
+
+
+def plan_digest(shards: Sequence[ShardPlan]) -> str:
+    return hashlib.sha256("\n".join(s.fingerprint for s in shards).encode()).hexdigest()
+
+
+def resized_size(width: int, height: int, resize: int | None) -> tuple[int, int] | None:
+    """(w, h) with the shorter side `resize`, or None when the image needs no shrinking."""
+    short = min(width, height)
+    if resize is None or short <= resize:
+        return None
+    if width <= height:
+        return resize, max(1, round(height * resize / width))
+    return max(1, round(width * resize / height)), resize
+
+
+def prepare_image(data: bytes, encoding: Encoding = Encoding()) -> tuple[bytes | None, str | None]:
+    """The JPEG bytes to store for an input file, or None and the reason it is rejected.
+
+    A clean RGB JPEG (baseline or progressive) that needs no resizing passes through unchanged, checked by
+    decoding every byte at 1/8 scale (a truncated or corrupt file fails the same way as at full scale, for a
+    fraction of the work); any other image Pillow decodes is re-encoded as an RGB JPEG, shrunk first when it
+    is larger than `encoding.resize`.
+    """
+    if not data:
+        return None, "empty file"
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if width * height > MAX_PIXELS:
+                return None, f"image too large: {width}x{height} px is over {MAX_PIXELS} px"
+            target = resized_size(width, height, encoding.resize)
+            if target is None and image.format == "JPEG" and image.mode == "RGB":
+                image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                image.load()  # decodes every byte: a truncated file fails here, not in the trainer
+                return data, None
+            if target is not None:
+                image.draft("RGB", target)  # JPEG: decode at the smallest DCT scale still at least `target`
+            image.load()
+            rgb = image.convert("RGB")
+            if target is not None:
+                rgb = rgb.resize(target, RESAMPLE)
+    except Image.UnidentifiedImageError:
+        return None, "truncated or corrupt image: cannot identify image file"
+    except Image.DecompressionBombError as exc:
+        return None, f"image too large: {' '.join(str(exc).split())}"
+    except Exception as exc:  # Pillow's decoders raise many types; any of them means this file is unusable
+        return None, f"truncated or corrupt image: {' '.join(str(exc).split()) or type(exc).__name__}"
+    buf = io.BytesIO()
+    rgb.save(buf, format="JPEG", quality=encoding.quality)
+    return buf.getvalue(), None
+
+
+def tar_member(name: str, size: int) -> tarfile.TarInfo:
+    """A tar header with fixed metadata, so the same content always gives the same bytes."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info
+
+
+def build_manifest(
+    classes: list[str],
+    splits: Sequence[str],
+    shards: list[dict],
+    rejected: list[dict],
+    options: dict,
+    plan_sha256: str,
+) -> dict:
+    """The manifest for these shards; shards and rejected inputs are sorted, so the result is canonical."""
+    split_order = {split: i for i, split in enumerate(SPLITS)}
+    shards = sorted(shards, key=lambda s: (split_order[s["split"]], s["name"]))
+    rejected = sorted(rejected, key=lambda r: (split_order[r["split"]], r["path"]))
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "classes": classes,
+        "splits": {
+            split: {
+                "samples": sum(s["count"] for s in shards if s["split"] == split),
+                "shards": sum(1 for s in shards if s["split"] == split),
+            }
+            for split in SPLITS
+            if split in splits
+        },
+        "shards": shards,
+        "rejected": rejected,
+        "options": options,
+        "plan_sha256": plan_sha256,
+    }
+
+
+def node_manifest_name(node_index: int, node_count: int) -> str:
+    return f"manifest.node-{node_index}-of-{node_count}.json"
+
+
+def check_options(shard_size: int, resize: int | None, quality: int, workers: int, node_index: int,
+                  node_count: int) -> None:
+    if shard_size < 1:
+        raise ConvertError(f"shard_size must be 1 or more, got {shard_size}")
+    if resize is not None and resize < 1:
+        raise ConvertError(f"resize must be 1 or more, got {resize}")
+    if not 1 <= quality <= 100:
+        raise ConvertError(f"quality must be between 1 and 100, got {quality}")
+    if workers < 1:
+        raise ConvertError(f"workers must be 1 or more, got {workers}")
+    if node_count < 1:
+        raise ConvertError(f"node_count must be 1 or more, got {node_count}")
+    if not 0 <= node_index < node_count:
+        raise ConvertError(
+            f"node_index must be between 0 and node_count - 1 ({node_count - 1}), got {node_index}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading a manifest back.
+
+
+class _Split(BaseModel):
+    samples: int
+    shards: int
+
+
+class _Shard(BaseModel):
+    name: str
+    split: str
+    count: int
+    bytes: int
+    sha256: str
+
+
+class _Rejected(BaseModel):
+    path: str
+    split: str
+    reason: str
+
+
+class _Options(BaseModel):
+    shard_size: int
+    seed: int
+    source: str
+    resize: int | None = None
+    quality: int = DEFAULT_QUALITY
+    layout: dict[str, str] = {}
+
+
+class _Manifest(BaseModel):
+    format: Literal["webdataset"]
+    version: Literal[1]
+    classes: list[str]
+    splits: dict[str, _Split]
+    shards: list[_Shard]
+    rejected: list[_Rejected]
+    options: _Options
+    plan_sha256: str | None = None
+
+
+def load_manifest(directory: Path) -> dict:
+    """The manifest under `directory`, checked; ValueError with a one-line message if missing or invalid."""
+    path = Path(directory) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path} not found; convert the data set first (launch data convert)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    try:
+        _Manifest.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "top level"
+        raise ValueError(f"{path} is not a valid shard manifest: {where}: {error['msg']}") from None
+    return data
