@@ -13,6 +13,7 @@ import json
 import secrets
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -73,7 +74,7 @@ def connect_ready(sess: boto3.Session, stack: str, *, profile: str | None = None
         return aws.gather_facts(sess, cur, probe=probe or ssh_probe, agent=lambda ids: online)
 
     readiness.wait_ready(gather, readiness.expected_devices(c), timeout_s=timeout_s, interval_s=interval_s,
-                         on_progress=on_progress, **timing)
+                         on_progress=on_progress, clock=clock or time.monotonic, sleep=sleep or time.sleep)
     return state["cluster"]
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from infra import catalog
@@ -159,9 +159,9 @@ class Facts:
     offered: Mapping[str, frozenset[str]] | Unread         # instance type -> AZs that offer it
     quotas: Mapping[str, Quota | Unread]                   # quota code -> quota
     image: ImageFacts
+    now: dt.datetime                                       # when the facts were read (the shell's clock, not ours)
     reservation: Mapping[str, Any] | Unread | None = None  # the DescribeCapacityReservations item; None: not found
     block_offerings: list[Mapping[str, Any]] | Unread | None = None  # None: not asked
-    now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
 
 
 # --- Context -------------------------------------------------------------------------------------------------

@@ -1,16 +1,16 @@
 """Is every node really ready? Pure verdicts over gathered facts, and the wait loop around them.
 
 The facts come from launcher.cluster.aws.api (EC2 state, the SSM agent's ping) and from one probe over SSH
-(cloud-init status, GPUs, EFA devices); the clock and the sleep are injected, so the timeout path runs in tests
-in no time. A node is ready when it is running, reachable (SSM agent online, or SSH answering through a
-bastion), cloud-init has finished, and it shows the catalog's GPUs and the EFA devices the stack gave its node group
-(its ``NodeGroups`` output, recorded on each node by discovery): none for reducers beside P4d/P5 (EFA traffic does
-not cross those families, so their group is on TCP) or for any node of an ``-c efa=false`` stack.
+(cloud-init status, GPUs, EFA devices); the clock and the sleep are the caller's (launcher.execute.awsrun passes
+time's), so nothing here reads the clock and the timeout path runs in tests in no time. A node is ready when it is
+running, reachable (SSM agent online, or SSH answering through a bastion), cloud-init has finished, and it shows the
+catalog's GPUs and the EFA devices the stack gave its node group (its ``NodeGroups`` output, recorded on each node by
+discovery): none for reducers beside P4d/P5 (EFA traffic does not cross those families, so their group is on TCP)
+or for any node of an ``-c efa=false`` stack.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,8 +87,7 @@ def verdict(facts: NodeFacts, *, gpus: int, efa: int) -> Verdict:
 
 
 def wait_ready(gather: Callable[[], list[NodeFacts]], expected: dict[str, tuple[int, int]], *, timeout_s: float,
-               interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep,
+               interval_s: float = 10.0, clock: Callable[[], float], sleep: Callable[[float], None],
                on_progress: Callable[[list[Verdict]], None] | None = None) -> list[Verdict]:
     """Gather facts until every node in ``expected`` (name -> (gpus, efa)) is ready, or raise naming the stuck ones.
 

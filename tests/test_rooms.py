@@ -1,0 +1,147 @@
+"""The launcher's rooms keep their rule (docs/design.md, "Rooms"): a pure module (the plans, the cost model and its
+prices and report, the doctor's checks, the AWS backend's decisions, the Cluster model) imports nothing that reaches a
+network, a process or the clock, neither itself nor through the project's own modules it imports; and no module of
+launcher/ or training/ grows past 500 lines."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = ("launcher", "infra", "ami", "training")
+
+# The pure modules. Every module under launcher/plans/ is one, so a new plan is held to the rule without a line here.
+PURE = sorted({
+    "launcher", "launcher.errors", "launcher.render",
+    "launcher.cluster", "launcher.cluster.aws", "launcher.cluster.aws.access", "launcher.cluster.aws.discover",
+    "launcher.cluster.aws.lifecycle", "launcher.cluster.aws.readiness",
+    "launcher.cost", "launcher.cost.inputs", "launcher.cost.model", "launcher.cost.prices", "launcher.cost.report",
+    "launcher.cost.runcheck",
+    "launcher.doctor", "launcher.doctor.checks",
+    "launcher.plans", *(f"launcher.plans.{p.stem}" for p in (ROOT / "launcher" / "plans").glob("*.py")
+                        if p.stem != "__init__"),
+})
+
+# Modules whose import alone means sockets, processes, threads, signals or the clock; and the clients built on them.
+FORBIDDEN_MODULES = {
+    "asyncio", "concurrent", "http", "multiprocessing", "pty", "requests", "sched", "select", "selectors", "signal",
+    "socket", "socketserver", "ssl", "subprocess", "threading", "time", "urllib",
+    "boto3", "botocore", "fabric", "invoke", "paramiko",
+}
+CLOCK_READS = {"now", "utcnow", "today"}             # datetime.now(), date.today(): the caller passes the time
+OS_PROCESS_CALLS = {"system", "popen", "fork", "forkpty", "kill", "killpg"}  # and os.exec*, os.spawn*, os.wait*
+
+
+def _source_of(module: str) -> tuple[str, bool]:
+    """(source text, is a package) of a project module, found without importing it."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, f"{module} not found"
+    return Path(spec.origin).read_text(), spec.submodule_search_locations is not None
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def violations(module: str, source: str) -> tuple[list[str], set[str]]:
+    """(what breaks the rule in `source`, the project modules it imports), anywhere in it, function bodies too."""
+    found: list[str] = []
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names
+                                     if node.module.split(".")[0] in PROJECT and _is_module(f"{node.module}.{a.name}")]
+        for name in names:
+            top = name.split(".")[0]
+            if top in FORBIDDEN_MODULES:
+                found.append(f"{module}:{node.lineno} imports {name}")
+            elif top in PROJECT:
+                imported.add(name)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            attr, owner = node.func.attr, node.func.value
+            if attr in CLOCK_READS:
+                found.append(f"{module}:{node.lineno} reads the clock (.{attr}())")
+            if isinstance(owner, ast.Name) and owner.id == "os" and (
+                    attr in OS_PROCESS_CALLS or attr.startswith(("exec", "spawn", "posix_spawn", "wait"))):
+                found.append(f"{module}:{node.lineno} starts or signals a process (os.{attr})")
+    return found, imported
+
+
+def closure_violations(roots: list[str]) -> list[str]:
+    """The rule over `roots` and every project module they import, transitively; a launcher module reached from a
+    pure one must itself be listed as pure."""
+    seen: set[str] = set()
+    todo = list(roots)
+    found: list[str] = []
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        if module.startswith("launcher") and module not in PURE:
+            found.append(f"{module} is not a pure module, and a pure module imports it")
+            continue
+        source, _ = _source_of(module)
+        bad, imported = violations(module, source)
+        found += bad
+        todo += sorted(imported - seen)
+    return found
+
+
+def test_pure_modules_reach_no_network_process_or_clock():
+    assert closure_violations(PURE) == []
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import time\n", "imports time"),
+    ("def f():\n    from subprocess import run\n", "imports subprocess"),
+    ("import boto3.session\n", "imports boto3.session"),
+    ("from concurrent.futures import ThreadPoolExecutor\n", "imports concurrent.futures"),
+    ("import datetime as dt\nstamp = dt.datetime.now(dt.timezone.utc)\n", "reads the clock (.now())"),
+    ("import datetime\nday = datetime.date.today()\n", "reads the clock (.today())"),
+    ("import os\nos.system('true')\n", "starts or signals a process (os.system)"),
+    ("import os\nos.execvp('ssh', ['ssh'])\n", "starts or signals a process (os.execvp)"),
+])
+def test_the_check_catches_what_it_forbids(source, expected):
+    found, _ = violations("launcher.plans.example", source)
+    assert [v.split(" ", 1)[1] for v in found] == [expected]
+
+
+def test_the_check_follows_imports_into_impure_launcher_modules():
+    """A pure module that imports the SSH executor breaks the rule through it, even though it imports nothing
+    forbidden itself."""
+    found, imported = violations("launcher.plans.example", "from launcher.execute import remote\n")
+    assert found == [] and "launcher.execute.remote" in imported
+    assert closure_violations(["launcher.execute.remote"]) == [
+        "launcher.execute.remote is not a pure module, and a pure module imports it"]
+
+
+def test_importing_every_pure_module_loads_no_aws_ssh_or_torch_client():
+    """What the static check cannot see: a third-party import chain. Every pure module, imported in a fresh
+    interpreter, must leave boto3, botocore, fabric, paramiko, invoke and torch unloaded."""
+    code = ("import importlib, sys\n"
+            f"for m in {PURE!r}: importlib.import_module(m)\n"
+            "print(' '.join(m for m in ('boto3', 'botocore', 'fabric', 'paramiko', 'invoke', 'torch') "
+            "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("package", ["launcher", "training"])
+def test_no_module_is_over_500_lines(package):
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / package).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}, f"split these along their seams: {long}"
