@@ -204,9 +204,13 @@ AWS_CLI_TEAM_KEY = "FB5DB77FD5C118B80511ADA8A6310ACC4672475C"  # the AWS CLI Use
 
 
 def gpg(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """gpg on its own home; the agent a key generation starts is stopped again (a test leaves no daemon behind)."""
     home.mkdir(mode=0o700, exist_ok=True)
-    return subprocess.run(["gpg", "--homedir", str(home), "--batch", *args], input=stdin, capture_output=True,
-                          text=True, timeout=120)
+    try:
+        return subprocess.run(["gpg", "--homedir", str(home), "--batch", *args], input=stdin, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True, timeout=30)
 
 
 def embedded_key() -> str:
