@@ -1,6 +1,6 @@
 """The one instance catalog: every instance fact scaletrain uses, with where each figure came from.
 
-docs/design.md: "Nothing else hard-codes an instance fact." The CDK stacks (instance type, EFA network
+Nothing else hard-codes an instance fact. The CDK stacks (instance type, EFA network
 cards), the launcher (slots per node, EFA env) and the cost model (GPUs, network, interconnect,
 price, per-GPU throughput) all read this module. It imports only the standard library and pydantic,
 so the launcher and the tests use it without aws-cdk-lib.
