@@ -43,18 +43,26 @@ def env(monkeypatch, tmp_path):
         yield tmp_path
 
 
-def deploy(name: str = "c1", *, workers: int = 2, reducers: int = 0, instance_type: str = "p4d.24xlarge") -> None:
-    """A stack with the outputs the launcher reads, and Auto Scaling groups that really launch instances."""
+def deploy(name: str = "c1", *, workers: int = 2, reducers: int = 0, instance_type: str = "p4d.24xlarge",
+           groups: list[dict] | None = None) -> None:
+    """A stack with the outputs the launcher reads, and Auto Scaling groups that really launch instances.
+
+    ``groups``: the NodeGroups output as the stack writes it (roles, types, counts, transports, EFA devices); by
+    default a worker group of ``workers`` and a c5n reducer group of ``reducers``, both on EFA."""
+    if groups is None:
+        groups = [{"role": role, "group_name": f"{name}-{role}", "instance_type": itype, "nodes": count,
+                   "transport": "efa", "efa_devices": []}
+                  for role, count, itype in (("worker", workers, instance_type), ("reducer", reducers, "c5n.18xlarge"))
+                  if count]
     ec2 = boto3.client("ec2")
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     ec2.create_tags(Resources=[image], Tags=[{"Key": k, "Value": v}
                                              for k, v in ami_tags(load_versions(), "ubuntu").items()])
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18")["Subnet"]["SubnetId"]
-    resources, groups = {}, []
-    for role, count, itype in (("worker", workers, instance_type), ("reducer", reducers, "c5n.18xlarge")):
-        if not count:
-            continue
+    resources = {}
+    for group in groups:
+        role, count, itype = group["role"], group["nodes"], group["instance_type"]
         lt, grp = f"{role.title()}Template", f"{role.title()}Group"
         resources[lt] = {"Type": "AWS::EC2::LaunchTemplate",
                          "Properties": {"LaunchTemplateData": {"ImageId": image, "InstanceType": itype}}}
@@ -63,8 +71,6 @@ def deploy(name: str = "c1", *, workers: int = 2, reducers: int = 0, instance_ty
             "LaunchTemplate": {"LaunchTemplateId": {"Ref": lt}, "Version": {"Fn::GetAtt": [lt, "LatestVersionNumber"]}},
             "Tags": [{"Key": "scaletrain:cluster", "Value": name, "PropagateAtLaunch": True},
                      {"Key": "scaletrain:role", "Value": role, "PropagateAtLaunch": True}]}}
-        groups.append({"role": role, "group_name": f"{name}-{role}", "instance_type": itype, "nodes": count,
-                       "transport": "efa", "efa_devices": []})
     # The cost guard's expiry, where infra's stack keeps it (infra.ttl) and `launch status --extend-ttl` writes it.
     resources["TtlExpiry"] = {"Type": "AWS::SSM::Parameter", "Properties": {
         "Name": ttl.parameter_name(name), "Type": "String", "Value": "2030-01-01T00:00:00Z"}}

@@ -4,16 +4,12 @@ out --ready-timeout for devices the nodes never get."""
 
 from __future__ import annotations
 
-import json
-
-import boto3
 import pytest
+from test_aws_moto import deploy as deploy_stack
 from test_aws_moto import env  # noqa: F401  (the moto fixture)
 from test_aws_plans import node_groups
 
-from ami.render import ami_tags, load_versions
 from infra import catalog
-from infra.layout import beegfs_layout
 from infra.spec import ClusterSpec
 from launcher.cluster.aws import api as aws
 from launcher.errors import LaunchError
@@ -24,30 +20,8 @@ from launcher.plans import efa
 def deploy(spec: ClusterSpec) -> None:
     """A stack whose Auto Scaling groups launch real (moto) instances, with the outputs infra/stack.py writes for
     ``spec``: NodeGroups from the spec's interfaces and transports."""
-    ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    ec2.create_tags(Resources=[image], Tags=[{"Key": k, "Value": v}
-                                             for k, v in ami_tags(load_versions(), "ubuntu").items()])
-    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18")["Subnet"]["SubnetId"]
-    groups = node_groups(spec)
-    resources = {}
-    for group in groups:
-        role = group["role"]
-        lt, asg = f"{role.title()}Template", f"{role.title()}Group"
-        resources[lt] = {"Type": "AWS::EC2::LaunchTemplate", "Properties": {
-            "LaunchTemplateData": {"ImageId": image, "InstanceType": group["instance_type"]}}}
-        resources[asg] = {"Type": "AWS::AutoScaling::AutoScalingGroup", "Properties": {
-            "MinSize": str(group["nodes"]), "MaxSize": str(group["nodes"]), "DesiredCapacity": str(group["nodes"]),
-            "VPCZoneIdentifier": [subnet],
-            "LaunchTemplate": {"LaunchTemplateId": {"Ref": lt}, "Version": {"Fn::GetAtt": [lt, "LatestVersionNumber"]}},
-            "Tags": [{"Key": "scaletrain:cluster", "Value": spec.cluster_name, "PropagateAtLaunch": True},
-                     {"Key": "scaletrain:role", "Value": role, "PropagateAtLaunch": True}]}}
-    outputs = {"ClusterName": spec.cluster_name, "InstanceType": spec.instance_type, "NodeGroups": json.dumps(groups),
-               "Storage": "beegfs", "StorageMount": json.dumps(beegfs_layout(spec.worker, reducers=spec.reducers)),
-               "DataBucket": "none", "TtlHours": "24"}
-    boto3.client("cloudformation").create_stack(StackName=spec.cluster_name, TemplateBody=json.dumps(
-        {"Resources": resources, "Outputs": {k: {"Value": v} for k, v in outputs.items()}}))
+    deploy_stack(spec.cluster_name, reducers=spec.reducers, instance_type=spec.instance_type,
+                 groups=node_groups(spec))
 
 
 def what_nodes_show(spec: ClusterSpec):
