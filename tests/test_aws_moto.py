@@ -470,11 +470,16 @@ def access_keys() -> list[str]:
     return aws.access.host_keys_from_console(RECORDED)
 
 
-def test_send_command_is_retried_with_backoff_while_ssm_says_invalid_instance_id(env, ssm_agents):
+def two_discovered_nodes():
+    """A 2-worker stack, discovered (no host keys yet): the session, the cluster and its instance ids."""
     deploy(workers=2)
     sess = aws.session()
     c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
-    ids = {n.instance_id for n in c.nodes}
+    return sess, c, {n.instance_id for n in c.nodes}
+
+
+def test_send_command_is_retried_with_backoff_while_ssm_says_invalid_instance_id(env, ssm_agents):
+    sess, c, ids = two_discovered_nodes()
     ssm_agents.registered |= ids
     ssm_agents.refuse = 2  # the agents answer their ping, but SSM refuses the first two commands
     now, slept, clock, sleep = fake_time()
@@ -485,10 +490,7 @@ def test_send_command_is_retried_with_backoff_while_ssm_says_invalid_instance_id
 
 
 def test_send_command_refused_until_the_deadline_is_one_line_naming_the_nodes(env, ssm_agents):
-    deploy(workers=2)
-    sess = aws.session()
-    c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
-    ids = {n.instance_id for n in c.nodes}  # online, never registered for commands
+    sess, c, ids = two_discovered_nodes()  # online, never registered for commands
     now, slept, clock, sleep = fake_time()
     with pytest.raises(LaunchError) as e:
         aws.install_keys(sess, c, online=ids, clock=clock, sleep=sleep)
@@ -499,10 +501,7 @@ def test_send_command_refused_until_the_deadline_is_one_line_naming_the_nodes(en
 
 
 def test_a_failed_key_install_names_the_node_its_status_and_stderr(env, ssm_agents):
-    deploy(workers=2)
-    sess = aws.session()
-    c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
-    ids = {n.instance_id for n in c.nodes}
+    sess, c, ids = two_discovered_nodes()
     ssm_agents.registered |= ids
     node0, node1 = c.node("node0").instance_id, c.node("node1").instance_id
     ssm_agents.invocations = {
