@@ -54,8 +54,6 @@ class AwsInfo(BaseModel):
     stack: str                               # CloudFormation stack name (= the scaletrain:cluster tag)
     region: str
     profile: str | None = None
-    access: Literal["ssm", "bastion"] = "ssm"
-    bastion: str | None = None               # user@host[:port] with access 'bastion'
     storage: dict[str, Any] = {}             # the StorageMount output (type fsx, beegfs or none)
     data_bucket: str | None = None
     ttl_expires_at: str | None = None        # YYYY-MM-DDTHH:MM:SSZ
@@ -110,7 +108,7 @@ class Cluster(BaseModel):
     @property
     def mpi_ssh_config(self) -> str:
         """The ssh_config mpirun uses on the first node: the launcher's own on the local cluster (same machine),
-        the nodes' copy on AWS (private addresses; the launcher's goes through SSM or a bastion)."""
+        the nodes' copy on AWS (private addresses; the launcher's goes through SSM)."""
         return self.aws.node_ssh_config if self.aws else self.ssh_config
 
     @property

@@ -3,7 +3,7 @@
 The facts come from launcher.cluster.aws.api (EC2 state, the SSM agent's ping) and from one probe over SSH
 (cloud-init status, GPUs, EFA devices); the clock and the sleep are the caller's (launcher.execute.awsrun passes
 time's), so nothing here reads the clock and the timeout path runs in tests in no time. A node is ready when it is
-running, reachable (SSM agent online, or SSH answering through a bastion), cloud-init has finished, and it shows the
+running, reachable (SSM agent online and SSH answering through it), cloud-init has finished, and it shows the
 catalog's GPUs and the EFA devices the stack gave its node group (its ``NodeGroups`` output, recorded on each node by
 discovery): none for reducers beside P4d/P5 (EFA traffic does not cross those families, so their group is on TCP)
 or for any node of an ``-c efa=false`` stack.
@@ -34,7 +34,7 @@ PROBE = "; ".join([
 class NodeFacts:
     name: str
     state: str                     # EC2 state name
-    agent_online: bool | None      # SSM ping; None when access is through a bastion
+    agent_online: bool             # SSM ping (SSM is the only way in)
     ssh_ok: bool = False
     cloud_init: str | None = None  # 'done', 'running', 'error', ...; None before SSH answers
     gpus: int | None = None
@@ -71,7 +71,7 @@ def verdict(facts: NodeFacts, *, gpus: int, efa: int) -> Verdict:
 
     if facts.state != "running":
         return at("instance", f"instance {facts.state}")
-    if facts.agent_online is False:
+    if not facts.agent_online:
         return at("agent", "SSM agent not online yet")
     if not facts.ssh_ok:
         return at("ssh", f"SSH not answering{': ' + facts.ssh_error if facts.ssh_error else ''}")
