@@ -36,21 +36,23 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_ssm as ssm
+from cdk_nag import NagSuppressions
 from constructs import Construct, IConstruct
 
 from infra import ttl
 
 FUNCTION_SOURCE = Path(__file__).with_name("guard_function.py")
+IDLE_FUNCTION_SOURCE = Path(__file__).with_name("idle_function.py")
 INLINE_CODE_LIMIT = 4096  # bytes CloudFormation accepts in a Lambda ZipFile
 SCHEDULE_GROUP = "default"  # exists in every account and region; a per-cluster group would be one more resource
 EXPIRE_EVENT = {"action": "expire"}
 RETRY_MINUTES = 15  # from the expiry on, how often the guard calls DeleteStack until the stack is gone
 
 
-def guard_source() -> str:
-    source = FUNCTION_SOURCE.read_text()
+def guard_source(path: Path = FUNCTION_SOURCE) -> str:
+    source = path.read_text()
     if len(source.encode()) > INLINE_CODE_LIMIT:
-        raise ValueError(f"{FUNCTION_SOURCE.name} is over the {INLINE_CODE_LIMIT}-byte inline code limit")
+        raise ValueError(f"{path.name} is over the {INLINE_CODE_LIMIT}-byte inline code limit")
     return source
 
 
@@ -160,3 +162,100 @@ class CostGuard(Construct):
                 ),
             ),
         )
+
+
+IDLE_CHECK_MINUTES = 5  # how often the idle check runs: one CloudWatch period (infra.ttl.IDLE_PERIOD_S)
+
+
+class IdleStop(Construct):
+    """With ``-c idle_minutes``: deletes the stack once no node of ``groups`` has been busy for ``idle_minutes``.
+
+    A second small function beside the TTL guard's (each stays within the inline code limit, and this one alone may
+    read CloudWatch), run by its own schedule every :data:`IDLE_CHECK_MINUTES` minutes from the deploy on. It reads
+    each group's CPUUtilization (infra.ttl says why CPU and not GPU) and deletes the stack the way the TTL guard
+    does, with the stack's service role (the TTL clock already refuses a stack without one).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        idle_minutes: int,
+        groups: Sequence[tuple[str, float]],
+        log_group: logs.ILogGroup,
+        starts_after: Sequence[IConstruct],
+    ) -> None:
+        """``groups``: (Auto Scaling group name, the CPU percent at which a node of it counts as busy)."""
+        super().__init__(scope, construct_id)
+        role = iam.Role(
+            self,
+            "FunctionRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="scaletrain idle stop: read the nodes' CPU from CloudWatch, delete this one stack",
+        )
+        role.add_to_policy(iam.PolicyStatement(actions=["cloudformation:DeleteStack"], resources=[Aws.STACK_ID]))
+        # GetMetricStatistics has no resource types and no condition keys, so it can only be granted on "*"
+        # (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazoncloudwatch.html, "Actions
+        # defined by Amazon CloudWatch"); it reads metrics, never writes them.
+        role.add_to_policy(iam.PolicyStatement(actions=["cloudwatch:GetMetricStatistics"], resources=["*"]))
+        log_group.grant_write(role)
+        stack = Stack.of(self)
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            description="scaletrain idle stop: deletes the stack once its nodes have been idle for idle_minutes",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="index.handler",
+            code=lambda_.Code.from_inline(guard_source(IDLE_FUNCTION_SOURCE)),
+            timeout=Duration.seconds(60),
+            memory_size=128,
+            role=role,
+            log_group=log_group,
+            environment={
+                "STACK_ID": Aws.STACK_ID,
+                "IDLE_MINUTES": str(idle_minutes),
+                "GROUPS": stack.to_json_string([[name, percent] for name, percent in groups]),
+            },
+        )
+        NagSuppressions.add_resource_suppressions(
+            role,
+            [
+                {
+                    "id": "AwsSolutions-IAM5",
+                    "reason": "cloudwatch:GetMetricStatistics supports no resource-level permission (Service "
+                    "Authorization Reference); it is read-only",
+                    "appliesTo": ["Resource::*"],
+                }
+            ],
+            apply_to_children=True,
+        )
+        scheduler_role = iam.Role(
+            self,
+            "SchedulerRole",
+            assumed_by=iam.ServicePrincipal(
+                "scheduler.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}
+            ),
+            description="scaletrain idle stop: lets the idle schedule invoke the idle function",
+        )
+        scheduler_role.add_to_policy(
+            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[self.function.function_arn])
+        )
+        self.schedule = scheduler.CfnSchedule(
+            self,
+            "Schedule",
+            group_name=SCHEDULE_GROUP,
+            description="scaletrain idle stop: delete the cluster stack once its nodes have been idle",
+            schedule_expression=f"rate({IDLE_CHECK_MINUTES} minutes)",
+            flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
+            state="ENABLED",
+            target=scheduler.CfnSchedule.TargetProperty(
+                arn=self.function.function_arn,
+                role_arn=scheduler_role.role_arn,
+                input=json.dumps({"action": "idle"}),
+                retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
+                    maximum_retry_attempts=2, maximum_event_age_in_seconds=IDLE_CHECK_MINUTES * 60
+                ),
+            ),
+        )
+        self.schedule.node.add_dependency(*starts_after)

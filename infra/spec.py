@@ -53,6 +53,9 @@ FSX_DEFAULT_CAPACITY_GIB = 1200
 _FSX_INCREMENT_GIB = 2400
 # The cost guard: a deploy takes longer than 15 minutes, and a guard set months ahead guards nothing.
 _TTL_MIN_HOURS, _TTL_MAX_HOURS = 0.25, 720
+# Idle autostop: the guard reads the nodes' CPU from CloudWatch in 5-minute periods (infra.ttl.IDLE_PERIOD_S), so
+# less than three periods would decide on one or two datapoints; past a day the TTL is the better tool.
+_IDLE_MIN_MINUTES, _IDLE_MAX_MINUTES = 15, 1440
 # gp3 volumes are 1 GiB to 16 TiB (https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html, gp3).
 _ROOT_VOLUME_MIN_GIB, _ROOT_VOLUME_MAX_GIB = 8, 16384
 # Types of the catalog EC2 sells as Capacity Blocks for ML
@@ -106,6 +109,9 @@ class ClusterSpec(BaseModel):
         default=None, description="existing cluster placement group (e.g. the one a reservation lives in)"
     )
     ttl_hours: float = Field(default=24, description="hours until the cost guard deletes the stack")
+    idle_minutes: int | None = Field(
+        default=None, description="delete the stack once every node has been idle this long; None = only the TTL"
+    )
     az: str | None = Field(default=None, description="availability zone; None = the region's first, at deploy")
     ami: str | None = Field(
         default=None, description="AMI id; None = the project's image (ami/), resolved from image_parameter at deploy"
@@ -194,6 +200,16 @@ class ClusterSpec(BaseModel):
             raise ValueError(f"allowed: {_TTL_MIN_HOURS} to {_TTL_MAX_HOURS} hours; the launcher can extend it")
         return value
 
+    @field_validator("idle_minutes")
+    @classmethod
+    def _idle_minutes(cls, value: int | None) -> int | None:
+        if value is not None and not _IDLE_MIN_MINUTES <= value <= _IDLE_MAX_MINUTES:
+            raise ValueError(
+                f"allowed: {_IDLE_MIN_MINUTES} to {_IDLE_MAX_MINUTES} minutes (CloudWatch reports the nodes' CPU in "
+                "5-minute periods); leave it out to rely on ttl_hours alone"
+            )
+        return value
+
     @field_validator("root_volume_gib")
     @classmethod
     def _root_volume_gib(cls, value: int | None) -> int | None:
@@ -237,6 +253,13 @@ class ClusterSpec(BaseModel):
                 "efa",
                 self.efa,
                 f"{self.instance_type} has no EFA; allowed: false, or an instance_type with EFA: {efa_types}",
+            )
+        if self.idle_minutes is not None and self.idle_minutes >= self.ttl_hours * 60:
+            raise _CrossFieldError(
+                "idle_minutes",
+                self.idle_minutes,
+                f"allowed: less than ttl_hours={self.ttl_hours:g} ({self.ttl_hours * 60:g} minutes), which deletes "
+                "the stack first anyway",
             )
         if self.fsx_capacity_gib is not None and self.storage != "fsx":
             raise _CrossFieldError("fsx_capacity_gib", self.fsx_capacity_gib, "allowed only with storage=fsx")

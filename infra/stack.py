@@ -19,7 +19,7 @@ from constructs import Construct, IConstruct
 
 from infra import ttl
 from infra.compute import TAG_CLUSTER, NodeGroup, NodeIdentity
-from infra.guard import CostGuard
+from infra.guard import CostGuard, IdleStop
 from infra.layout import Interface
 from infra.network import Network
 from infra.security import NodeSecurity
@@ -166,6 +166,18 @@ class ClusterStack(Stack):
         _pin(guard.clock, "TtlClock")
         _pin(guard.parameter, "TtlExpiry")
         _pin(guard.schedule, "TtlSchedule")
+        if spec.idle_minutes is not None:
+            groups = [(self.workers.group.ref, ttl.idle_cpu_percent(spec.worker.vcpus))]
+            if self.reducers is not None:
+                groups.append((self.reducers.group.ref, ttl.idle_cpu_percent(spec.reducer.vcpus)))
+            IdleStop(
+                self,
+                "Idle",
+                idle_minutes=spec.idle_minutes,
+                groups=groups,
+                log_group=guard.log_group,
+                starts_after=expensive,
+            )
 
         node_groups = [
             {
@@ -220,6 +232,11 @@ class ClusterStack(Stack):
             ),
             "TtlScheduleName": (guard.schedule_name, "EventBridge Scheduler schedule that runs the guard"),
             "TtlScheduleGroup": (guard.schedule_group, "schedule group of TtlScheduleName"),
+            "IdleMinutes": (
+                str(spec.idle_minutes) if spec.idle_minutes is not None else "none",
+                "minutes of idle nodes (CPU below half a vCPU on every node) after which the stack deletes itself, "
+                "or none",
+            ),
             "ImageParameter": (
                 spec.image_parameter or "none",
                 "SSM parameter the node image was resolved from at deploy time, or none (-c ami=...)",

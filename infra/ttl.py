@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-__all__ = ["EXPIRY_FORMAT", "EXTEND_PERMISSIONS", "format_expiry", "parameter_name", "parse_expiry"]
+__all__ = ["EXPIRY_FORMAT", "EXTEND_PERMISSIONS", "IDLE_PERIOD_S", "format_expiry", "idle_cpu_percent",
+           "parameter_name", "parse_expiry"]
 
 EXPIRY_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # UTC, to the second; the TtlExpiresAt output and the parameter's value
 # Everything `launch status --extend-ttl` calls, as IAM actions, on the one parameter named below. No iam:PassRole.
@@ -35,3 +36,27 @@ def format_expiry(when: dt.datetime) -> str:
 def parse_expiry(text: str) -> dt.datetime:
     """The parameter's value as an aware UTC datetime; ValueError if it is not in :data:`EXPIRY_FORMAT`."""
     return dt.datetime.strptime(text, EXPIRY_FORMAT).replace(tzinfo=dt.timezone.utc)
+
+
+# --- Idle autostop (-c idle_minutes) -----------------------------------------------------------------------------
+#
+# The guard's idle check (infra/idle_function.py) reads each node group's CPUUtilization from CloudWatch: the AWS/EC2
+# metric EC2 publishes itself for every instance, aggregated per Auto Scaling group by the AutoScalingGroupName
+# dimension ("available only for Amazon EC2 metrics when the instances are in such an Auto Scaling group", basic or
+# detailed monitoring: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/viewing_metrics_with_cloudwatch.html,
+# "Amazon EC2 metric dimensions"). No agent, no permission on the nodes, no CloudWatch endpoint in their VPC.
+# GPU utilisation would need the CloudWatch agent with its nvidia_smi section on the image, PutMetricData on the
+# nodes' role and a monitoring endpoint in the isolated subnet
+# (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch-Agent-NVIDIA-GPU.html): more moving
+# parts for a signal CPU already gives, since every training rank keeps at least one core busy (the loop launching
+# kernels, the data loader, Horovod's background thread), as does staging data or converting shards.
+IDLE_PERIOD_S = 300  # one CloudWatch period; basic monitoring's resolution, so it holds with detailed monitoring off
+
+
+def idle_cpu_percent(vcpus: int) -> float:
+    """The CPUUtilization (percent of the whole instance) below which a node counts as idle: half of one vCPU.
+
+    One busy core on a p5.48xlarge (192 vCPUs) is 0.52%: a fixed percentage would either call a training node idle
+    or never call a big one idle. Half a core is twice below what one rank uses, and above an idle node's agents.
+    """
+    return round(50.0 / vcpus, 3)

@@ -26,7 +26,7 @@ from cfnlint.api import ManualArgs, lint  # noqa: E402
 from ami import paths  # noqa: E402
 from infra import catalog, ttl  # noqa: E402
 from infra.app import build  # noqa: E402
-from infra.guard import FUNCTION_SOURCE  # noqa: E402
+from infra.guard import FUNCTION_SOURCE, IDLE_FUNCTION_SOURCE  # noqa: E402
 from infra.spec import REMOVED_KEYS  # noqa: E402
 from infra.stack import IMAGE_PARAMETER_ID, PINNED_LOGICAL_IDS  # noqa: E402
 
@@ -630,6 +630,63 @@ def test_scheduler_may_only_invoke_the_guard(p5_spot: Synth) -> None:
     ]
 
 
+# --- Idle autostop (-c idle_minutes) ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def p3dn_idle() -> Synth:
+    return Synth(instance_type="p3dn.24xlarge", nodes="2", reducers="1", reducer_type="c5n.18xlarge", ami=AMI,
+                 idle_minutes="45", cluster_name="idle")
+
+
+def _idle_function(synth: Synth) -> str:
+    (function_id,) = (k for k, v in synth.resources("AWS::Lambda::Function").items()
+                      if v["Properties"].get("Code", {}).get("ZipFile") == IDLE_FUNCTION_SOURCE.read_text())
+    return function_id
+
+
+def test_idle_minutes_adds_a_schedule_that_runs_the_idle_check_every_5_minutes(p3dn_idle: Synth) -> None:
+    function_id = _idle_function(p3dn_idle)
+    env = p3dn_idle.props(function_id)["Environment"]["Variables"]
+    assert env["IDLE_MINUTES"] == "45" and env["STACK_ID"] == {"Ref": "AWS::StackId"}
+    # Each group with its own busy threshold: half a vCPU of a p3dn (96 vCPUs) and of a c5n.18xlarge (72).
+    groups = json.loads(render(env["GROUPS"]))
+    assert groups == [["<WorkerGroup>", ttl.idle_cpu_percent(96)], ["<ReducerGroup>", ttl.idle_cpu_percent(72)]]
+    (schedule_id,) = (k for k, v in p3dn_idle.resources("AWS::Scheduler::Schedule").items()
+                      if v["Properties"]["Target"]["Arn"] == {"Fn::GetAtt": [function_id, "Arn"]})
+    props = p3dn_idle.props(schedule_id)
+    assert props["ScheduleExpression"] == "rate(5 minutes)" and "StartDate" not in props
+    assert set(p3dn_idle.resources_all[schedule_id]["DependsOn"]) >= {"WorkerGroup", "ReducerGroup"}
+    assert p3dn_idle.output("IdleMinutes") == "45"
+
+
+def test_idle_function_may_only_read_cpu_metrics_and_delete_this_stack(p3dn_idle: Synth) -> None:
+    props = p3dn_idle.props(_idle_function(p3dn_idle))
+    assert props["LoggingConfig"] == {"LogGroup": {"Ref": "GuardLogGroup"}}
+    role_id = props["Role"]["Fn::GetAtt"][0]
+    assert "ManagedPolicyArns" not in p3dn_idle.props(role_id)
+    assert [
+        (sorted([s["Action"]] if isinstance(s["Action"], str) else s["Action"]), render(s["Resource"]))
+        for s in _policy_of(p3dn_idle, role_id)
+    ] == [
+        (["cloudformation:DeleteStack"], "<AWS::StackId>"),
+        (["cloudwatch:GetMetricStatistics"], "*"),
+        (["logs:CreateLogStream", "logs:PutLogEvents"], "<GuardLogGroup.Arn>"),
+    ]
+
+
+def test_without_idle_minutes_there_is_no_idle_check(p5_spot: Synth) -> None:
+    assert len(p5_spot.resources("AWS::Scheduler::Schedule")) == 1
+    assert "GetMetricStatistics" not in json.dumps(p5_spot.resources("AWS::IAM::Policy"))
+    assert p5_spot.output("IdleMinutes") == "none"
+
+
+def test_idle_stop_passes_the_linters(p3dn_idle: Synth) -> None:
+    assert _nag_findings(p3dn_idle.stack) == []
+    matches = lint(json.dumps(p3dn_idle.json), config=ManualArgs(regions=[p3dn_idle.stack.region]))
+    assert [m for m in matches if m.rule.id.startswith("E")] == []
+
+
 # --- Storage ----------------------------------------------------------------------------------------------------------
 
 
@@ -676,7 +733,7 @@ def test_beegfs_records_ram_disks_and_roles_and_creates_no_file_system(p3_beegfs
 OUTPUT_KEYS = {
     "ClusterName", "InstanceType", "NodeGroupName", "ReducerGroupName", "NodeGroups", "EfaDevicesPerNode",
     "EfaDevices", "ReducerTransport", "Storage", "StorageMount", "DataBucket", "PlacementGroupName", "TtlHours",
-    "TtlExpiresAt", "TtlParameterName", "TtlScheduleName", "TtlScheduleGroup", "ImageParameter",
+    "TtlExpiresAt", "TtlParameterName", "TtlScheduleName", "TtlScheduleGroup", "ImageParameter", "IdleMinutes",
 }  # fmt: skip
 
 

@@ -275,3 +275,84 @@ def test_expiry_rounds_up_to_the_minute(now: str, hours: float, expected: str) -
 
 def test_function_fits_inline() -> None:
     assert len(guard_source().encode()) <= INLINE_CODE_LIMIT
+
+
+# --- Idle autostop: the idle function against moto's CloudWatch and CloudFormation ----------------------------------
+
+from infra import idle_function  # noqa: E402
+
+NOW = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
+WORKERS, REDUCERS = "idle-WorkerGroup-1", "idle-ReducerGroup-1"
+P5_BUSY, C5N_BUSY = ttl.idle_cpu_percent(192), ttl.idle_cpu_percent(72)
+
+
+def _cpu(group: str, minutes_ago: list[int], percent: float) -> None:
+    """Per-instance CPUUtilization samples as EC2 reports them, under the group's AutoScalingGroupName dimension."""
+    boto3.client("cloudwatch").put_metric_data(Namespace="AWS/EC2", MetricData=[
+        {"MetricName": "CPUUtilization", "Dimensions": [{"Name": "AutoScalingGroupName", "Value": group}],
+         "Timestamp": NOW - dt.timedelta(minutes=m), "Value": percent, "Unit": "Percent"} for m in minutes_ago])
+
+
+@pytest.fixture
+def idle_stack(cloudformation: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    stack_id = _stack(cloudformation, monkeypatch, role=SERVICE_ROLE)
+    monkeypatch.setattr(idle_function, "STACK_ID", stack_id)
+    monkeypatch.setattr(idle_function, "GROUPS", [[WORKERS, P5_BUSY], [REDUCERS, C5N_BUSY]])
+    monkeypatch.setattr(idle_function, "IDLE_MINUTES", 60.0)
+    return stack_id
+
+
+def test_idle_check_deletes_the_stack_once_every_node_was_idle_for_idle_minutes(cloudformation, idle_stack) -> None:
+    # Training until 80 minutes ago (one p5 core busy is well above half a core), idle since.
+    _cpu(WORKERS, list(range(81, 120)), 8.0)
+    _cpu(WORKERS, list(range(2, 80)), 0.1)
+    _cpu(REDUCERS, list(range(2, 120)), 0.2)
+    result = idle_function.check(NOW)
+    assert result["deleting"] == idle_stack and result["idle_s"] >= 3600
+    assert _status(cloudformation, idle_stack) == "DELETE_COMPLETE"
+
+
+@pytest.mark.parametrize("busy", [
+    [(WORKERS, [30], 0.6)],     # one rank on one p5 node for a minute, half an hour ago: 0.6% of 192 vCPUs
+    [(REDUCERS, [10], 5.0)],    # the workers idle, a reducer still working
+])
+def test_idle_check_keeps_a_stack_whose_nodes_worked_within_idle_minutes(cloudformation, idle_stack, busy) -> None:
+    _cpu(WORKERS, list(range(2, 120)), 0.1)
+    _cpu(REDUCERS, list(range(2, 120)), 0.2)
+    for group, minutes, percent in busy:
+        _cpu(group, minutes, percent)
+    result = idle_function.check(NOW)
+    assert "deleting" not in result and result["idle_s"] < 3600
+    assert _status(cloudformation, idle_stack) == "CREATE_COMPLETE"
+
+
+@pytest.mark.parametrize("minutes_ago", [[], list(range(25, 120))])
+def test_no_recent_cpu_data_decides_nothing(cloudformation, idle_stack, minutes_ago) -> None:
+    """No datapoint (nodes still launching, or all gone) is no evidence of idleness."""
+    _cpu(WORKERS, minutes_ago, 0.1)
+    assert idle_function.check(NOW) == {"idle_s": None}
+    assert _status(cloudformation, idle_stack) == "CREATE_COMPLETE"
+
+
+def test_idle_counts_from_after_a_gap_in_the_data(cloudformation, idle_stack) -> None:
+    """Nodes replaced (no datapoints for 20 minutes) 40 minutes ago: idle counts from when data came back."""
+    _cpu(WORKERS, list(range(61, 120)), 0.1)
+    _cpu(WORKERS, list(range(2, 40)), 0.1)
+    result = idle_function.check(NOW)
+    assert "deleting" not in result and 35 * 60 <= result["idle_s"] <= 45 * 60
+
+
+def test_idle_seconds_is_pure_arithmetic_over_periods() -> None:
+    start = NOW - dt.timedelta(minutes=60)
+    periods = {start + dt.timedelta(minutes=5 * k): k == 3 for k in range(12)}  # busy in the 4th period only
+    # Idle from the end of the busy period (start + 20 min) to the end of the newest (start + 60 min).
+    assert idle_function.idle_seconds(periods, NOW) == 40 * 60
+    assert idle_function.idle_seconds(periods, NOW + dt.timedelta(minutes=16)) is None
+    assert idle_function.idle_seconds({}, NOW) is None
+    assert idle_function.PERIOD == ttl.IDLE_PERIOD_S
+
+
+def test_idle_function_fits_inline() -> None:
+    from infra.guard import IDLE_FUNCTION_SOURCE
+
+    assert len(guard_source(IDLE_FUNCTION_SOURCE).encode()) <= INLINE_CODE_LIMIT

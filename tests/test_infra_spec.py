@@ -173,6 +173,11 @@ def test_beegfs_ram_disk_is_a_quarter_of_worker_memory_and_roles_name_every_node
         ({"capacity_reservation_id": "cr-1"}, "capacity_reservation_id='cr-1': allowed: a capacity reservation id"),
         ({"placement_group": "a b"}, "placement_group='a b': allowed: a placement group name"),
         ({"cluster_name": "has_underscore"}, "cluster_name='has_underscore': allowed: a letter, then"),
+        # Idle autostop decides on CloudWatch's 5-minute CPU periods: fewer than three is a guess.
+        ({"idle_minutes": "5"}, "idle_minutes='5': allowed: 15 to 1440 minutes (CloudWatch reports the nodes' CPU"),
+        ({"idle_minutes": "2000"}, "idle_minutes='2000': allowed: 15 to 1440 minutes"),
+        ({"idle_minutes": "soon"}, "idle_minutes='soon': input should be a valid integer"),
+        ({"idle_minutes": "90", "ttl_hours": "1"}, "idle_minutes=90: allowed: less than ttl_hours=1 (60 minutes)"),
     ],
 )
 def test_bad_context_gives_one_line_spec_error(override: dict[str, str], expected: str) -> None:
@@ -187,6 +192,11 @@ def test_context_strings_are_coerced_and_empty_strings_mean_not_given() -> None:
     cluster = spec(nodes="3", spot="false", reducers="2", ssh_cidr="", efa="", fsx_capacity_gib="", ttl_hours="1.5")
     assert (cluster.nodes, cluster.spot, cluster.reducers, cluster.efa) == (3, False, 2, None)
     assert cluster.ttl_hours == 1.5
+
+
+def test_idle_minutes_is_off_unless_given() -> None:
+    assert spec().idle_minutes is None and spec(idle_minutes="").idle_minutes is None
+    assert spec(idle_minutes="60").idle_minutes == 60
 
 
 def test_removed_keys_are_not_keys_of_the_spec() -> None:
