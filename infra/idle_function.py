@@ -22,10 +22,10 @@ def handler(event, context):
     return check(datetime.datetime.now(datetime.timezone.utc))
 
 
-def periods(cw, now, minutes):
+def periods(cw, now, minutes, groups=None):
     """{period start: busy} over the last ``minutes`` + 30 minutes, every group merged."""
     busy = {}
-    for group, percent in GROUPS:
+    for group, percent in GROUPS if groups is None else groups:
         points = cw.get_metric_statistics(
             Namespace="AWS/EC2",
             MetricName="CPUUtilization",

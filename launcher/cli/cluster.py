@@ -82,10 +82,23 @@ def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, prof
                                          f"{c.aws.ttl_expires_at})" if left > 0 else
                                          f"expired at {c.aws.ttl_expires_at}: deletion under way")
     console.print(f"cost so far: ${lifecycle.cost_so_far(rows):,.2f} (on-demand prices); TTL: {ttl}")
+    console.print(_idle_status(sess, c.aws.stack, now), markup=False, highlight=False)
     if newcomers:
         console.print(newcomers, markup=False, highlight=False)
     if any(r.state != "running" for r in rows):
         raise typer.Exit(1)
+
+
+def _idle_status(sess, stack: str, now) -> str:
+    """The idle-stop line: how long the nodes have been idle, counted as the stack's idle check counts it."""
+    from launcher.cluster.aws import api as aws
+    from launcher.cluster.aws import idle
+    from launcher.plans.idle import idle_line
+
+    outputs = aws.stack_outputs(sess, stack)
+    if outputs.idle_minutes is None:
+        return idle_line(None, None)
+    return idle_line(idle.idle_seconds(sess, outputs, now), outputs.idle_minutes)
 
 
 @app.command("down")

@@ -63,6 +63,7 @@ class StackOutputs(BaseModel):
     ttl_expires_at: str | None = None
     ttl_schedule_name: str | None = None
     ttl_schedule_group: str = "default"
+    idle_minutes: int | None = None  # -c idle_minutes: the stack deletes itself after this long idle
 
     def group(self, role: str) -> NodeGroup | None:
         return next((g for g in self.node_groups if g.role == role), None)
@@ -83,7 +84,8 @@ def parse_outputs(stack: str, outputs: list[dict[str, str]]) -> StackOutputs:
             data_bucket=None if values.get("DataBucket", "none") == "none" else values["DataBucket"],
             ttl_hours=float(values["TtlHours"]) if "TtlHours" in values else None,
             ttl_expires_at=values.get("TtlExpiresAt"), ttl_schedule_name=values.get("TtlScheduleName"),
-            ttl_schedule_group=values.get("TtlScheduleGroup", "default"))
+            ttl_schedule_group=values.get("TtlScheduleGroup", "default"),
+            idle_minutes=None if values.get("IdleMinutes", "none") == "none" else int(values["IdleMinutes"]))
     except (ValueError, ValidationError) as e:
         raise LaunchError(f"stack '{stack}' has unreadable outputs ({str(e).splitlines()[0]})") from None
 
