@@ -19,6 +19,7 @@ import PIL
 from PIL import Image
 from pydantic import BaseModel, ValidationError
 
+from training import jpegresize
 from training.sources import SPLITS, Source
 
 FORMAT, VERSION = "webdataset", 1
@@ -78,7 +79,10 @@ def shard_name(split: str, index: int) -> str:
 def fingerprint(name: str, sources: Sequence[Source], labels: dict[str, int], encoding: Encoding) -> str:
     """sha256 of what decides a shard's bytes: its inputs (where, how big, key, label) and the encoding."""
     planned = [[s.path, s.container, s.offset, s.size, s.key, labels.get(s.wnid), s.problem] for s in sources]
-    text = json.dumps([FORMAT, VERSION, ENCODER, name, encoding.resize, encoding.quality, planned])
+    # Resized images are re-encoded by the fast path when it is installed (training.jpegresize): its libraries
+    # decide their bytes, so they are part of what a finished shard was made with.
+    encoder = ENCODER if encoding.resize is None else f"{ENCODER}; {jpegresize.encoder()}"
+    text = json.dumps([FORMAT, VERSION, encoder, name, encoding.resize, encoding.quality, planned])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -118,6 +122,12 @@ def prepare_image(data: bytes, encoding: Encoding = Encoding()) -> tuple[bytes |
     """
     if not data:
         return None, "empty file"
+    size = jpegresize.jpeg_size(data) if encoding.resize is not None else None
+    if size is not None and size[0] * size[1] <= MAX_PIXELS:
+        target = resized_size(*size, encoding.resize)
+        shrunk = jpegresize.shrink(data, *size, target, encoding.quality) if target is not None else None
+        if shrunk is not None:  # else (no simplejpeg/torch, a decoder error) Pillow's path, which says why
+            return shrunk, None
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
