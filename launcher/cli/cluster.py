@@ -1,5 +1,5 @@
-"""A cluster's life on AWS: `launch preflight` before deploying, `discover`, `status` (local clusters too), `ssh`
-(local clusters too) and `down`."""
+"""A cluster's life on AWS: `launch preflight` before deploying, `up` (preflight, then deploy where there is
+capacity), `discover`, `status` (local clusters too), `ssh` (local clusters too) and `down`."""
 
 from __future__ import annotations
 
@@ -118,24 +118,26 @@ def down(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Prof
         shutil.rmtree(clusters.cluster_dir(c.name), ignore_errors=True)
 
 
-@app.command("preflight")
-def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", metavar="KEY=VALUE",
-                                                    help="A context key of `npx cdk deploy`, as you will pass it "
-                                                         "there (cdk.json's context is read first)."),
-                  region: str = typer.Option(None, "--region", help="Same as -c region=REGION (the stack's region; "
-                                                                    "default: cdk.json's)."),
-                  profile: str = ProfileOpt):
-    """Before `npx cdk deploy`: ask AWS (read-only) what would stop the stack's nodes: instance types offered in
-    the AZ, vCPU quotas, the capacity reservation, the image. Each failure is one line naming the fix."""
+ContextOpt = typer.Option(None, "--context", "-c", metavar="KEY=VALUE",
+                         help="A context key of `npx cdk deploy`, as you will pass it there (cdk.json's context is "
+                              "read first).")
+StackRegionOpt = typer.Option(None, "--region", help="Same as -c region=REGION (the stack's region; default: "
+                                                     "cdk.json's).")
+
+
+def _cdk_json() -> Path | None:
+    return next((p for p in (Path("cdk.json"), Path(__file__).resolve().parents[2] / "cdk.json") if p.is_file()), None)
+
+
+def _spec_and_pairs(context: list[str] | None, region: str | None):
+    """(the stack's spec, the -c pairs to hand `cdk deploy`, cdk.json's context): as `npx cdk deploy -c ...` reads
+    them; bad input is one line."""
     import json
 
-    from launcher.cluster.aws import api as aws
-    from launcher.execute import preflight as preflight_shell
     from launcher.plans import preflight
 
     pairs = list(context or [])
-    cdk_json = next((p for p in (Path("cdk.json"), Path(__file__).resolve().parents[2] / "cdk.json")
-                     if p.is_file()), None)
+    cdk_json = _cdk_json()
     try:
         defaults = json.loads(cdk_json.read_text()).get("context", {}) if cdk_json else {}
         ctx = preflight.context_from_args(pairs, defaults)
@@ -144,15 +146,78 @@ def preflight_cmd(context: list[str] = typer.Option(None, "--context", "-c", met
                 raise ValueError(f"--region {region} and -c region={ctx.get('region')} disagree; pass one")
         elif region is not None:
             ctx["region"], pairs = region, [*pairs, f"region={region}"]
-        spec = preflight.spec_from_context(ctx)
+        return preflight.spec_from_context(ctx), pairs, defaults
     except (ValueError, OSError) as e:
         raise LaunchError(str(e).splitlines()[0]) from None
+
+
+@app.command("preflight")
+def preflight_cmd(context: list[str] = ContextOpt, region: str = StackRegionOpt, profile: str = ProfileOpt):
+    """Before `npx cdk deploy`: ask AWS (read-only) what would stop the stack's nodes: instance types offered in
+    the AZ, vCPU quotas, the capacity reservation, the image. Each failure is one line naming the fix."""
+    from launcher.cluster.aws import api as aws
+    from launcher.execute import preflight as preflight_shell
+    from launcher.plans import preflight
+
+    spec, pairs, _ = _spec_and_pairs(context, region)
     facts = preflight_shell.gather(aws.session(spec.region, profile), spec)
     verdicts = preflight.decide(spec, facts)
     for line in [*preflight.render(verdicts), preflight.summary(spec, verdicts, pairs)]:
         console.print(line, markup=False, highlight=False)
     if preflight.failed(verdicts):
         raise typer.Exit(1)
+
+
+@app.command("up")
+def up_cmd(context: list[str] = ContextOpt, region: str = StackRegionOpt, profile: str = ProfileOpt,
+           fallback_reservation: str = typer.Option(
+               None, "--fallback-reservation", metavar="CR_ID",
+               help="When no AZ has capacity on demand, deploy once more into this capacity reservation (in its AZ)."),
+           capacity_block: bool = typer.Option(False, "--capacity-block",
+                                               help="The --fallback-reservation is a Capacity Block for ML."),
+           capacity_wait: float = typer.Option(900, "--capacity-wait", metavar="SECONDS",
+                                               help="After a deploy, how long to wait for every node to be in "
+                                                    "service.")):
+    """Preflight, then `npx cdk deploy` in an AZ that offers the types; on InsufficientInstanceCapacity delete the
+    failed stack and deploy in the next AZ (then, if asked, into a reservation), saying what it tried."""
+    from launcher.cluster.aws import api as aws
+    from launcher.cluster.aws import deploy
+    from launcher.execute import preflight as preflight_shell
+    from launcher.plans import capacity, preflight
+
+    if capacity_block and not fallback_reservation:
+        raise LaunchError("--capacity-block describes --fallback-reservation; pass both")
+    spec, pairs, defaults = _spec_and_pairs(context, region)
+    sess = aws.session(spec.region, profile)
+    facts = preflight_shell.gather(sess, spec)
+    zones = () if isinstance(facts.zones, preflight.Unread) else facts.zones
+    offered = {} if isinstance(facts.offered, preflight.Unread) else facts.offered
+    reservation = None
+    if fallback_reservation:
+        with aws.aws_errors(f"capacity reservation {fallback_reservation}"):
+            found = preflight_shell.read_reservation(sess.client("ec2"), fallback_reservation)
+        if found is None:
+            raise LaunchError(f"--fallback-reservation {fallback_reservation}: no such capacity reservation in "
+                              f"{spec.region}")
+        reservation = (fallback_reservation, str(found["AvailabilityZone"]))
+    try:
+        plan = capacity.attempts(spec, pairs, zones=zones, offered=offered, reservation=reservation,
+                                 capacity_block=capacity_block)
+        first = preflight.spec_from_context(preflight.context_from_args(plan[0].context, defaults))
+    except ValueError as e:
+        reason = facts.offered if isinstance(facts.offered, preflight.Unread) else ""
+        raise LaunchError(str(e) + (f" (offerings unread: {reason}; pass -c az=)" if reason else "")) from None
+    verdicts = preflight.decide(first, facts)
+    for line in preflight.render(verdicts):
+        console.print(line, markup=False, highlight=False)
+    if preflight.failed(verdicts):
+        raise LaunchError(f"preflight: {sum(v.status == 'FAIL' for v in verdicts)} check(s) fail (FAIL above); "
+                          f"nothing was deployed")
+    cdk_json = _cdk_json()
+    say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
+    deploy.deploy_all(sess, spec, plan, profile=profile, wait_s=capacity_wait, say=say,
+                      cdk=lambda argv: deploy.run_cdk(argv, cwd=cdk_json.parent if cdk_json else None))
+    say(f"next: launch discover --cluster {spec.cluster_name} --region {spec.region}")
 
 
 @app.command("discover")
