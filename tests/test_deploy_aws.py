@@ -210,3 +210,11 @@ def test_launch_up_bad_flags_are_one_line(sess, capsys):  # noqa: F811
     assert capsys.readouterr().err.strip() == "error: --capacity-block describes --fallback-reservation; pass both"
     assert cli.main(["up", "-c", "idle_minutes=5"]) == 1
     assert capsys.readouterr().err.strip().startswith("error: idle_minutes='5': allowed: 15 to 1440 minutes")
+
+
+def test_run_cdk_shows_and_keeps_what_the_cli_printed(capsys):
+    import sys
+
+    rc, printed = deploy.run_cdk([sys.executable, "-c", "print('CREATE_FAILED WorkerGroup'); raise SystemExit(3)"])
+    assert (rc, printed) == (3, "CREATE_FAILED WorkerGroup\n")
+    assert capsys.readouterr().out == "CREATE_FAILED WorkerGroup\n"
