@@ -126,7 +126,9 @@ class _Throughput(NamedTuple):
 _SEED_000 = (
     "seed 000 (AWS ML blog, 2018-07-20, 'Scalable multi-node deep learning training using GPUs in "
     "the AWS Cloud'): TensorFlow 1.9 + Horovod 0.13, 8 x p3.16xlarge, ~41,000 img/s at 90% scaling "
-    "=> 41,000 / (0.90 x 64) = 712 img/s per V100. NVIDIA's newer PyTorch stack does more "
+    "against one node (the seed computes MXNet's that way) => 41,000 / (0.90 x 8) = 5,694 img/s per node, "
+    "712 per GPU in a full node; one GPU alone: 712 / 0.867 (NVIDIA's DGX-1 8-GPU over 8 x 1-GPU, the cost "
+    "model's node_efficiency_8gpu) = 821 img/s per V100. NVIDIA's newer PyTorch stack does more "
     "(DeepLearningExamples ResNet50 v1.5 PyTorch README, DGX-1 V100 16GB, 1 GPU AMP, pytorch-21.03: "
     "1,200 img/s); pass --gpu-throughput to model that stack"
 )
@@ -154,8 +156,8 @@ _A10G_ESTIMATE = (
 )
 
 _RESNET50: dict[str, _Throughput] = {
-    "V100": _Throughput(712.0, _SEED_000),
-    "V100-32GB": _Throughput(712.0, _SEED_000),
+    "V100": _Throughput(821.0, _SEED_000),
+    "V100-32GB": _Throughput(821.0, _SEED_000),
     "A100-40GB": _Throughput(2470.0, _NVIDIA_A100),
     "A100-80GB": _Throughput(2470.0, _NVIDIA_A100),
     "H100": _Throughput(4400.0, _H100_ESTIMATE),

@@ -72,9 +72,10 @@ def test_gpu_types_carry_gpu_facts(name, gpus, model):
 
 
 def test_v100_default_is_seed_000s_stack():
-    # 41,000 img/s at 90% scaling on 64 V100s (seed 000) is 712 img/s per GPU.
-    assert get("p3.16xlarge").resnet50_img_per_sec_per_gpu == 712
-    assert round(41_000 / (0.90 * 64)) == 712
+    # 41,000 img/s at 90% scaling on 64 V100s (seed 000) is 712 img/s per GPU in a full node; one GPU alone is that
+    # over the cost model's 8-GPU node efficiency (NVIDIA's DGX-1: 8,322 / (8 x 1,200) = 0.867).
+    assert get("p3.16xlarge").resnet50_img_per_sec_per_gpu == 821
+    assert round(41_000 / (0.90 * 64) / 0.867) == 821
 
 
 def test_newer_gpus_have_higher_default_throughput():

@@ -17,11 +17,14 @@ from launcher.cost.inputs import (
 from launcher.cost.model import compare, estimate, model_notes
 from launcher.cost.prices import PriceQuote
 from launcher.cost.runcheck import check_run
+from launcher.plans import loading
 
 IMAGENET_90 = imagenet(90)
 P3 = get("p3.16xlarge")
 # Fixed costs off, for the hand checks: no provisioning, staging, checkpoints or validation.
-NO_FIXED = DEFAULT_CONSTANTS.model_copy(update={"provisioning_s": 0.0})
+NO_FIXED = DEFAULT_CONSTANTS.model_copy(update={"provisioning_s": 0.0, "node_efficiency_8gpu": 1.0})
+ETA8 = DEFAULT_CONSTANTS.node_efficiency_8gpu  # one node of 8 GPUs against 8 x one (NVIDIA's DGX-1 result)
+V100 = 821  # the catalog's one-V100 figure: seed 000's 712 per GPU in a full node / ETA8
 
 
 def bare(images: int, epochs: int, params: int) -> Workload:
@@ -60,10 +63,11 @@ def test_seed_000_time_to_train_within_5_percent_of_50_min(seed000):
 def test_seed_000_mxnet_row_with_parameter_servers_at_2_to_1():
     """Seed 000's MXNet row: parameter servers at 2:1, ~44k img/s, 92%, 31 s per epoch, 47 min.
 
-    Its per-GPU rate is not published; 44,000 / (0.92 x 64) = 747 img/s is what the row implies. Given that, the
-    parameter-server model must land on the row's scaling, epoch time and time to train.
+    Its per-GPU rate is not published; 44,000 / (0.92 x 64) = 747 img/s in a full node is what the row implies
+    (747 / ETA8 for one GPU alone). Given that, the parameter-server model must land on the row's scaling, epoch time
+    and time to train.
     """
-    mx = estimate(P3, 8, IMAGENET_90, strategy="ps", tier_nodes=16, gpu_throughput=747)
+    mx = estimate(P3, 8, IMAGENET_90, strategy="ps", tier_nodes=16, gpu_throughput=747 / ETA8)
     assert mx.images_per_sec == pytest.approx(44_000, rel=0.05)
     assert abs(mx.scaling_efficiency - 0.92) <= 0.03
     assert mx.epoch_time_s == pytest.approx(31, rel=0.05)
@@ -135,10 +139,11 @@ def test_ring_sends_2_n_minus_1_over_n_gradients_reducers_send_one():
 
 
 def test_reducers_beyond_the_worker_count_gain_nothing_with_seed_004_pairing():
-    # p3dn.24xlarge and c5n.18xlarge both have 100 Gbps EFA: at one reducer per worker the workers' own links bind.
+    # p3dn.24xlarge and c5n.18xlarge both have 100 Gbps: at one reducer per worker the workers' own links bind. The
+    # reducer engine runs gloo over TCP, EFA or not (training/reducer.py), so those links are TCP.
     p3dn, c5n = get("p3dn.24xlarge"), get("c5n.18xlarge")
     at = {r: estimate(p3dn, 8, IMAGENET_90, strategy="reducers", tier=c5n, tier_nodes=r) for r in (2, 4, 8, 16, 64)}
-    assert at[8].comm_limited_by == "worker links (EFA)"
+    assert at[8].comm_limited_by == "worker links (TCP)"
     assert at[16].inter_node_comm_s == at[64].inter_node_comm_s == at[8].inter_node_comm_s
     assert at[64].images_per_sec == at[8].images_per_sec
     assert at[2].inter_node_comm_s > at[4].inter_node_comm_s > at[8].inter_node_comm_s
@@ -152,11 +157,11 @@ def test_more_reducers_never_slow_down_and_stop_helping_once_the_workers_link_bi
         result = estimate(instance, 8, IMAGENET_90, strategy="reducers", tier_nodes=reducers)
         if previous is not None:
             assert result.inter_node_comm_s <= previous.inter_node_comm_s
-            if previous.comm_limited_by.startswith("worker links"):
+            if previous.comm_limited_by.startswith(("worker links", "host staging")):
                 assert result.inter_node_comm_s == previous.inter_node_comm_s
         previous = result
-    # With enough reducers every EFA type ends on its own links.
-    assert previous.comm_limited_by == "worker links (EFA)"
+    # With enough reducers every type ends on its own side: its TCP link (gloo, never EFA) or its PCIe staging.
+    assert previous.comm_limited_by in ("worker links (TCP)", "host staging (PCIe)")
 
 
 def test_reducer_tier_beats_the_ring_on_tcp_p3_at_8_nodes():
@@ -207,8 +212,8 @@ def test_flops_ratio_scales_per_gpu_throughput():
     light = Workload(images_per_epoch=50_000, epochs=1, flops_ratio=0.5)
     heavy = Workload(images_per_epoch=50_000, epochs=1, flops_ratio=1.0)
     one_gpu = get("p3.2xlarge")
-    assert estimate(one_gpu, 1, light).images_per_sec == pytest.approx(2 * 712)
-    assert estimate(one_gpu, 1, heavy).images_per_sec == pytest.approx(712)
+    assert estimate(one_gpu, 1, light).images_per_sec == pytest.approx(2 * V100)
+    assert estimate(one_gpu, 1, heavy).images_per_sec == pytest.approx(V100)
     a, b = estimate(P3, 8, light), estimate(P3, 8, heavy)
     assert a.compute_time_s == pytest.approx(b.compute_time_s / 2)
     assert b.images_per_sec < a.images_per_sec <= 2 * b.images_per_sec
@@ -217,21 +222,24 @@ def test_flops_ratio_scales_per_gpu_throughput():
 def test_resnet18_at_32px_example_is_bound_by_the_cpus():
     cifar = Workload(images_per_epoch=50_000, epochs=1, flops_ratio=0.0099, param_count=11_689_512)
     result = estimate(get("p3.2xlarge"), 1, cifar)
-    assert result.gpu_images_per_sec == pytest.approx(712 / 0.0099)
-    assert result.images_per_sec == pytest.approx(8 * 250)
+    assert result.gpu_images_per_sec == pytest.approx(V100 / 0.0099)
+    # p3.2xlarge: 8 vCPUs on 4 cores, one GPU rank: 7 loader processes, 4 on cores and 3 on second hyperthreads.
+    assert result.loader_workers_per_rank == 7
+    assert result.images_per_sec == pytest.approx(356 * (4 + 0.25 * 3))
+    assert result.bound == "input-bound" and "--resize 256" in result.advice
     assert result.bottleneck == result.limited_by == "data loading (CPU)"
 
 
 def test_gpu_throughput_override_then_measured_then_catalog():
     measured = {"V100/amp": GpuThroughput(img_per_sec=1100, source="measured by scaletrain on 2026-11-20: ...")}
-    assert resolve_gpu_throughput(P3).img_per_sec == 712
+    assert resolve_gpu_throughput(P3).img_per_sec == V100
     assert resolve_gpu_throughput(P3, measured=measured).img_per_sec == 1100
     assert resolve_gpu_throughput(P3, override=1200, measured=measured).source == "override (--gpu-throughput)"
     result = estimate(P3, 1, IMAGENET_90, gpu_throughput=1200)
     assert result.gpu_images_per_sec == 1200
-    assert result.images_per_sec == pytest.approx(8 * 1200)
+    assert result.images_per_sec == pytest.approx(8 * 1200 * ETA8)
     assert any("override" in line for line in result.assumptions)
-    assert estimate(P3, 1, IMAGENET_90, measured=measured).images_per_sec == pytest.approx(8 * 1100)
+    assert estimate(P3, 1, IMAGENET_90, measured=measured).images_per_sec == pytest.approx(8 * 1100 * ETA8)
 
 
 def test_fp32_needs_a_figure_the_catalog_does_not_have():
@@ -275,12 +283,13 @@ def test_fixed_costs_are_itemised():
     c = DEFAULT_CONSTANTS
     assert result.checkpoint_s == pytest.approx(IMAGENET_90.param_count * 8 / (125 * 2**20))
     assert result.staging_s == pytest.approx(IMAGENET_90.staged_bytes / (2 * 400e9 / 8 * 0.25 * c.s3_efficiency))
-    # forward only: 3x the training rate, but the 2 x 96 vCPUs decode at most 48,000 images/s
-    assert result.validation_s == pytest.approx(50_000 / min(16 * 2470 * 3, 2 * 96 * 250))
+    # forward only: 3x the training rate, unless the 2 nodes' 88 loader processes each (48 cores) decode less
+    assert result.validation_s == pytest.approx(50_000 / min(16 * 2470 * ETA8 * 3, 2 * 356 * (48 + 0.25 * 40)))
     assert result.provisioning_s == c.provisioning_s
     loop = 90 * IMAGENET_TRAIN_IMAGES / result.images_per_sec
     assert result.training_s == pytest.approx(loop + 90 * result.checkpoint_s + result.validation_s)
-    without = estimate(get("p4d.24xlarge"), 2, IMAGENET_90, constants=NO_FIXED)
+    without = estimate(get("p4d.24xlarge"), 2, IMAGENET_90,
+                       constants=DEFAULT_CONSTANTS.model_copy(update={"provisioning_s": 0.0}))
     assert result.time_to_train_s - without.time_to_train_s == pytest.approx(c.provisioning_s)
 
 
@@ -336,7 +345,8 @@ def test_summary_is_one_line():
 
 def test_model_notes_state_the_constants():
     notes = " ".join(model_notes())
-    assert "4 GB/s per server" in notes and "20%" in notes and "250 images/s per vCPU" in notes
+    assert "4 GB/s per server" in notes and "20%" in notes and "356 images/s per core" in notes
+    assert "86.7% of 8 x one GPU" in notes and "gloo over TCP" in notes
 
 
 # --- Cases by hand --------------------------------------------------------------------------------------
@@ -367,28 +377,30 @@ def test_hand_checked_ring():
 
 
 def test_hand_checked_reducer_tier():
-    """4 x p3dn.24xlarge (8 V100, 100 Gbps EFA) + 2 x c5n.18xlarge (100 Gbps EFA, 72 vCPU); 10M params, batch 20.
+    """4 x p3dn.24xlarge (8 V100, 100 Gbps) + 2 x c5n.18xlarge (100 Gbps, 72 vCPU); 10M params, batch 20. The
+    reducer engine runs gloo over TCP (EFA or not) and stages buckets through host memory (12 GB/s PCIe).
 
     compute  = 20 / 1000 = 0.02 s;  hidden at most 0.2 * 2/3 * 0.02            = 0.0026667 s
     intra    = 2*7/8 * 40e6 / (300e9/2 * 0.7) + 5e-6 * 14                       = 0.0007367 s
-    worker   = 40e6 / (12.5e9 * 0.8)                                           = 0.004 s
-    reducer  = 4 * 40e6 / (2 * 12.5e9 * 0.8)                                   = 0.008 s   <- the limit
+    worker   = 40e6 / (12.5e9 * 0.7)                                           = 0.0045714 s
+    reducer  = 4 * 40e6 / (2 * 12.5e9 * 0.7)                                   = 0.0091429 s   <- the limit
     CPUs     = 4 * 40e6 / (2 * 72 * 0.5e9)                                     = 0.0022 s
-    inter    = 0.008 + 2 hops * 15e-6 = 0.00803 s;  exposed = 0.0087667 - 0.0026667 = 0.0061 s
-    step     = 0.0261 s;  images/s = 4*8*20 / 0.0261 = 24,521.1;  efficiency = 0.76628
-    cluster  = 4 * 31.212 + 2 * 3.888 = $132.624/h;  1 epoch of 80,000 = 3.2625 s  -> $0.1201905
+    staging  = 40e6 / 12e9                                                     = 0.0033333 s
+    inter    = 0.0091429 + 2 hops * 30e-6 = 0.0092029 s;  exposed = 0.0099395 - 0.0026667 = 0.0072729 s
+    step     = 0.0272729 s;  images/s = 4*8*20 / 0.0272729 = 23,466.55;  efficiency = 0.733330
+    cluster  = 4 * 31.212 + 2 * 3.888 = $132.624/h;  1 epoch of 80,000 = 3.409130 s  -> $0.1255915
     """
     result = estimate(get("p3dn.24xlarge"), 4, bare(80_000, 1, 10_000_000), strategy="reducers", tier_nodes=2,
                       gpu_throughput=1000, batch_per_gpu=20, constants=NO_FIXED)
     assert result.intra_node_comm_s == pytest.approx(0.00073667, abs=1e-8)
-    assert result.inter_node_comm_s == pytest.approx(0.00803)
-    assert result.comm_limited_by == "reducer links (EFA)"
-    assert result.exposed_comm_time_s == pytest.approx(0.0061)
-    assert result.step_time_s == pytest.approx(0.0261)
-    assert result.images_per_sec == pytest.approx(24_521.07, abs=0.01)
-    assert result.scaling_efficiency == pytest.approx(0.76628, abs=1e-5)
+    assert result.inter_node_comm_s == pytest.approx(0.0092029, abs=1e-7)
+    assert result.comm_limited_by == "reducer links (TCP)"
+    assert result.exposed_comm_time_s == pytest.approx(0.0072729, abs=1e-7)
+    assert result.step_time_s == pytest.approx(0.0272729, abs=1e-7)
+    assert result.images_per_sec == pytest.approx(23_466.55, abs=0.01)
+    assert result.scaling_efficiency == pytest.approx(0.733330, abs=1e-5)
     assert result.cluster_usd_per_hour == pytest.approx(132.624)
-    assert result.cost_usd == pytest.approx(0.1201905, abs=1e-7)
+    assert result.cost_usd == pytest.approx(0.1255915, abs=1e-7)
 
 
 def test_hand_checked_parameter_servers():
@@ -416,7 +428,8 @@ def test_hand_checks_use_the_default_constants():
     # The hand checks above spell the defaults out; if they move, they must be redone by hand.
     c = ModelConstants()
     assert (c.network_efficiency_tcp, c.network_latency_tcp_s) == (0.70, 30e-6)
-    assert (c.network_efficiency_efa, c.network_latency_efa_s) == (0.80, 15e-6)
+    assert (c.network_efficiency_efa, c.network_latency_efa_s) == (0.59, 15e-6)
+    assert c.node_efficiency_8gpu == 0.867  # the hand checks run with NO_FIXED, which sets it to 1
     assert (c.interconnect_efficiency, c.interconnect_latency_s) == (0.70, 5e-6)
     assert (c.backward_share, c.overlap_fraction) == (pytest.approx(2 / 3), 0.20)
     assert (c.ps_server_bytes_per_sec, c.reducer_sum_bytes_per_sec_per_vcpu) == (4e9, 0.5e9)
@@ -426,8 +439,13 @@ def test_cpu_loader_ceiling_binds_for_tiny_models():
     """ResNet-18 at 32 px needs ~1% of ResNet-50's compute: the CPUs, not the GPUs, set the pace."""
     tiny = estimate(get("p4d.24xlarge"), 2, Workload(images_per_epoch=1000, epochs=1, flops_ratio=0.01,
                                                    param_count=11_689_512))
-    ceiling = 2 * get("p4d.24xlarge").vcpus * DEFAULT_CONSTANTS.loader_img_per_sec_per_vcpu
-    assert tiny.images_per_sec == ceiling and tiny.bottleneck == "data loading (CPU)"
+    p4d = get("p4d.24xlarge")
+    plan = loading.for_instance(p4d)
+    assert (plan.workers_per_rank, plan.threads_per_rank) == (11, 1)  # 96 vCPUs / 8 GPUs, one left to the rank
+    ceiling = 2 * loading.decode_capacity(96, 88, DEFAULT_CONSTANTS.loader_img_per_sec_per_core, 0.25)
+    assert ceiling == pytest.approx(2 * 356 * (48 + 0.25 * 40))
+    assert tiny.images_per_sec == pytest.approx(ceiling) and tiny.bottleneck == "data loading (CPU)"
+    assert tiny.bound == "input-bound"
     assert estimate(P3, 8, IMAGENET_90).bottleneck != "data loading (CPU)"
 
 

@@ -219,6 +219,8 @@ def train(cfg: Config) -> dict:
     if cuda:
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
+        if cfg.threads:  # the launcher's share (launcher/plans/loading.py): the GPU computes, loader workers decode
+            torch.set_num_threads(cfg.threads)
     else:
         torch.set_num_threads(cfg.threads or int(os.environ.get("OMP_NUM_THREADS", 0))
                               or max(1, (os.cpu_count() or 1) // engine.local_size))

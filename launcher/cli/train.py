@@ -34,7 +34,9 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           epochs: int = typer.Option(90, "--epochs"),
           batch_per_gpu: int = typer.Option(256, "--batch-per-gpu", help="Images per rank per step."),
           warmup_epochs: float = typer.Option(None, "--warmup-epochs", help="Default: 10 (seed 000)."),
-          workers: int = typer.Option(2, "--workers", help="Data loader processes per rank."),
+          workers: int = typer.Option(None, "--workers", help="Data loader processes per rank; default: sized "
+                                                             "from the nodes' vCPUs per GPU (all but one of a "
+                                                             "rank's share on GPU nodes, 2 on CPU ranks)."),
           engine: str = typer.Option("horovod", "--engine", help="horovod, or ddp (torch.distributed: NCCL on "
                                                                  "GPU, gloo on CPU) for an image without Horovod."),
           reducers: int = typer.Option(0, "--reducers", help="Reduce gradients on this many of the cluster's "

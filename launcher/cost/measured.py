@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from infra.catalog import InstanceType
 from launcher.cost.inputs import GpuThroughput
+from launcher.cost.model import node_efficiency
 
 __all__ = ["from_run", "load", "load_loader", "loader_path", "path", "record", "record_loader"]
 
@@ -38,12 +39,13 @@ def from_run(instance: InstanceType, *, nodes: int, model: str, image_size: int,
             or instance.gpu_model is None or ranks < 1 or ips <= 0):
         return None
     precision = "fp32" if summary.get("precision") == "fp32" else "amp"
-    per_gpu = ips / ranks
+    # The model's figure is one GPU alone; a node's ranks together run at the model's node efficiency of it.
+    per_gpu = ips / ranks / node_efficiency(ranks)
     return f"{instance.gpu_model}/{precision}", GpuThroughput(
         img_per_sec=per_gpu,
         source=(f"measured by scaletrain on {today}: 1 x {instance.name}, {ranks} rank(s), resnet50 at 224 px, "
-                f"{summary.get('precision')}, {summary.get('device')}, {per_gpu:,.0f} img/s per GPU over the training "
-                f"loop, run {run_dir}"),
+                f"{summary.get('precision')}, {summary.get('device')}, {ips / ranks:,.0f} img/s per GPU over the "
+                f"training loop = {per_gpu:,.0f} for one GPU alone at the model's node efficiency, run {run_dir}"),
     )
 
 

@@ -53,8 +53,9 @@ from launcher.cost.inputs import (
     resolve_gpu_throughput,
 )
 from launcher.cost.prices import PriceQuote, catalog_quote
+from launcher.plans import loading
 
-__all__ = ["Estimate", "compare", "default_tier_nodes", "estimate", "model_notes"]
+__all__ = ["Estimate", "compare", "default_tier_nodes", "estimate", "model_notes", "node_efficiency"]
 
 _TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
 
@@ -75,6 +76,7 @@ class Estimate(BaseModel):
     gpu_images_per_sec: float = Field(
         description="per-GPU throughput used: catalog, measured or override, divided by flops_ratio"
     )
+    node_efficiency: float = Field(description="one node's GPUs together, against gpus x the single-GPU figure")
     throughput_source: str
     compute_time_s: float
     intra_node_comm_s: float
@@ -87,6 +89,12 @@ class Estimate(BaseModel):
     images_per_sec: float
     scaling_efficiency: float
     bottleneck: str = Field(description="what bounds the step: GPU compute, communication or data loading (CPU)")
+    bound: str = Field(description="input-bound, network-bound or compute-bound, for people")
+    advice: str = Field(description="one sentence: why the shape is bound where it is, and what would change it")
+    loader_workers_per_rank: int = Field(description="loader processes per GPU rank (launcher.plans.loading)")
+    loader_images_per_sec: float = Field(description="what the whole cluster's loader processes decode")
+    gpu_demand_images_per_sec: float = Field(description="what the GPUs and network would take with no input limit")
+    resized_shards: bool
     epoch_time_s: float = Field(description="one epoch's steps plus its checkpoint")
     checkpoint_s: float = Field(description="per epoch")
     validation_s: float
@@ -140,13 +148,16 @@ def model_notes(c: ModelConstants = DEFAULT_CONSTANTS) -> list[str]:
         f"({c.network_latency_tcp_s * 1e6:g} us per hop) or {c.network_efficiency_efa:.0%} over EFA "
         f"({c.network_latency_efa_s * 1e6:g} us per hop)",
         f"reducer tier: each worker node sends and receives the gradient once; the slowest of worker link, reducer "
-        f"link and reducer CPUs ({c.reducer_sum_bytes_per_sec_per_vcpu / 1e9:g} GB/s per vCPU) sets the time; EFA "
-        f"only when workers and reducers both have it",
+        f"link, reducer CPUs ({c.reducer_sum_bytes_per_sec_per_vcpu / 1e9:g} GB/s per vCPU) and the staging through "
+        f"host memory sets the time; gloo over TCP, as the reducer engine runs, EFA or not",
         f"parameter servers: store-and-forward over TCP, so worker link + server link + server work "
         f"({c.ps_server_bytes_per_sec / 1e9:g} GB/s per server, fitted to seed 003's 38% with one server)",
         f"backward is {c.backward_share:.2f} of a step's compute; communication hides behind at most "
         f"{c.overlap_fraction:.0%} of it (fitted to seed 000's 90%)",
-        f"data loading: at most {c.loader_img_per_sec_per_vcpu:g} images/s per vCPU",
+        f"one node of 8 GPUs at {c.node_efficiency_8gpu:.1%} of 8 x one GPU (NVIDIA DeepLearningExamples, DGX-1)",
+        f"data loading: all but one vCPU of each GPU rank's share decode, {c.loader_img_per_sec_per_core:g} images/s "
+        f"per core on full-size shards, {c.loader_img_per_sec_per_core_resized:g} on --resize 256 shards "
+        f"(bench/loader.py)",
         f"fixed costs: {c.provisioning_s:g} s provisioning; the data set staged from S3 at {c.s3_efficiency:.0%} of "
         f"min(line rate, {c.s3_max_gbps:g} Gbps) per node; a checkpoint (weights + momentum) every epoch at "
         f"{c.checkpoint_write_bytes_per_sec / 2**20:g} MiB/s; one validation pass at 1/(1 - backward share) of the "
@@ -159,6 +170,41 @@ def _ring_time(nbytes: float, members: int, bytes_per_sec: float, alpha_s: float
     if members <= 1:
         return 0.0
     return 2 * (members - 1) / members * nbytes / bytes_per_sec + alpha_s * 2 * (members - 1)
+
+
+def node_efficiency(gpus: int, c: ModelConstants = DEFAULT_CONSTANTS) -> float:
+    """One node's GPUs together against gpus x one: NVIDIA's 8-GPU figure, the loss in proportion to gpus - 1."""
+    return 1 - (1 - c.node_efficiency_8gpu) * max(0, gpus - 1) / 7
+
+
+def _verdict(instance: InstanceType, nodes: int, strategy: str, bottleneck: str, exposed_s: float, step_s: float,
+             limited_by: str, plan: loading.LoaderPlan, loader_ceiling: float, demand: float, resized: bool,
+             c: ModelConstants, *, grad_fp16: bool) -> tuple[str, str]:
+    """('input-bound' | 'network-bound' | 'compute-bound', what makes it so and what would change it)."""
+    if bottleneck == "data loading (CPU)":
+        fixes = [f"more loader processes than the {plan.workers_per_rank} per GPU {instance.vcpus} vCPUs allow (a "
+                 f"type with more vCPUs per GPU)"]
+        if not resized:
+            fixes.insert(0, f"shards converted with `launch data convert --resize 256` (the loader decodes "
+                            f"{c.loader_img_per_sec_per_core_resized / c.loader_img_per_sec_per_core:.1f}x as many "
+                            f"per core)")
+        return "input-bound", (f"input-bound: the loader decodes {loader_ceiling:,.0f} img/s of the {demand:,.0f} the "
+                               f"GPUs would take; what would change it: {' or '.join(fixes)}")
+    share = exposed_s / step_s
+    if nodes > 1 and share >= 0.10:
+        fixes = []
+        if "TCP" in limited_by and strategy == "horovod":
+            fixes.append("an EFA type (p4d.24xlarge: 4 EFA, 400 Gbps; p5.48xlarge: 32, 3,200 Gbps)")
+        elif "EFA" in limited_by:
+            fixes.append("a type with more EFA network cards")
+        if "reducer" in limited_by or "server" in limited_by:
+            fixes.append("more reducer or server nodes")
+        if not grad_fp16:
+            fixes.append("--fp16-allreduce (half the bytes)")
+        return "network-bound", (f"network-bound: {share:.0%} of each step waits on {limited_by}; what would "
+                                 f"change it: {' or '.join(fixes) or 'fewer, larger nodes'}")
+    return "compute-bound", ("compute-bound: the GPUs set the pace (input and network keep up); what would change "
+                             "it: faster GPUs, or more of them")
 
 
 def default_tier_nodes(strategy: str, nodes: int) -> int:
@@ -187,6 +233,7 @@ def estimate(
     price: PriceQuote | None = None,
     tier_price: PriceQuote | None = None,
     constants: ModelConstants = DEFAULT_CONSTANTS,
+    resized_shards: bool = False,
 ) -> Estimate:
     """Throughput, time and cost of training ``workload`` on ``nodes`` x ``instance`` with ``strategy``.
 
@@ -227,7 +274,8 @@ def estimate(
     per_gpu = throughput.img_per_sec / workload.flops_ratio
     gpus = instance.gpus
     total_gpus = nodes * gpus
-    compute_s = batch_per_gpu / per_gpu
+    node_eff = node_efficiency(gpus, c)
+    compute_s = batch_per_gpu / (per_gpu * node_eff)
     backward_s = c.backward_share * compute_s
     grad = workload.grad_bytes
 
@@ -246,17 +294,22 @@ def estimate(
     else:
         assert tier is not None
         if strategy == "reducers":
-            eff, alpha, fabric = _fabric(instance.has_efa and tier.has_efa, c)
+            # What runs: training/reducer.py's gloo over TCP (the stack gives reducers beside P4d/P5 no EFA, and
+            # gloo has no EFA transport), buckets staged through host memory on the GPU nodes.
+            eff, alpha, fabric = _fabric(False, c)
             stages = {
                 f"worker links ({fabric})": grad / (worker_bw * eff),
                 f"reducer links ({fabric})": nodes * grad / (tier_nodes * tier.network_bytes_per_sec * eff),
                 "reducer CPUs": nodes * grad / (tier_nodes * tier.vcpus * c.reducer_sum_bytes_per_sec_per_vcpu),
+                "host staging (PCIe)": grad / c.host_staging_bytes_per_sec,
             }
             limited_by = max(stages, key=stages.__getitem__)
             inter_s = stages[limited_by] + 2 * alpha
-            comm_note = (f"reducer tier: {tier_nodes} x {tier.name}; each worker node sends and receives the gradient "
-                         f"once over {fabric} at {eff:.0%}, pipelined (slowest of worker link, reducer link, "
-                         f"reducer CPUs at {c.reducer_sum_bytes_per_sec_per_vcpu / 1e9:g} GB/s per vCPU), 2 hops")
+            comm_note = (f"reducer tier: {tier_nodes} x {tier.name}; gloo over {fabric} at {eff:.0%} (not EFA), each "
+                         f"worker node sends and receives the gradient once through host memory "
+                         f"({c.host_staging_bytes_per_sec / 1e9:g} GB/s PCIe), pipelined (slowest of worker link, "
+                         f"reducer link, reducer CPUs at {c.reducer_sum_bytes_per_sec_per_vcpu / 1e9:g} GB/s per vCPU, "
+                         f"staging), 2 hops")
         else:
             eff, alpha, fabric = _fabric(False, c)  # ps-lite speaks TCP (ZMQ), EFA or not
             stages = {
@@ -274,17 +327,23 @@ def estimate(
     exposed_s = max(0.0, comm_s - c.overlap_fraction * backward_s)
 
     step_s = compute_s + exposed_s
-    loader_ceiling = nodes * instance.vcpus * c.loader_img_per_sec_per_vcpu
-    images_per_sec = total_gpus * batch_per_gpu / step_s
+    plan = loading.for_instance(instance)
+    per_core = c.loader_img_per_sec_per_core_resized if resized_shards else c.loader_img_per_sec_per_core
+    loader_ceiling = nodes * loading.decode_capacity(instance.vcpus, plan.processes_per_node(gpus), per_core,
+                                                     c.smt_gain)
+    images_per_sec = demand = total_gpus * batch_per_gpu / step_s
     bottleneck = "communication" if exposed_s > compute_s else "GPU compute"
     if images_per_sec > loader_ceiling:
         images_per_sec, step_s, bottleneck = (loader_ceiling, total_gpus * batch_per_gpu / loader_ceiling,
                                               "data loading (CPU)")
-    efficiency = images_per_sec / (total_gpus * per_gpu)
+    # Against one node's GPUs (the seeds' and MLPerf's sense): nodes x gpus x per-GPU x the node's own efficiency.
+    efficiency = images_per_sec / (total_gpus * per_gpu * node_eff)
+    bound, advice = _verdict(instance, nodes, strategy, bottleneck, exposed_s, step_s, limited_by, plan,
+                             loader_ceiling, demand, resized_shards, c, grad_fp16=workload.grad_bytes_per_param == 2)
 
     checkpoint_s = workload.checkpoint_bytes / c.checkpoint_write_bytes_per_sec if workload.checkpoint_every_epoch \
         else 0.0
-    eval_rate = min(total_gpus * per_gpu / (1 - c.backward_share), loader_ceiling)
+    eval_rate = min(total_gpus * per_gpu * node_eff / (1 - c.backward_share), loader_ceiling)
     validation_s = workload.val_images / eval_rate
     epoch_s = workload.images_per_epoch / images_per_sec + checkpoint_s
     training_s = workload.epochs * epoch_s + validation_s
@@ -305,8 +364,12 @@ def estimate(
         comm_note,
         f"backward = {c.backward_share:.2f} of compute; communication hides behind at most "
         f"{c.overlap_fraction:.0%} of backward",
-        f"data loading at most {c.loader_img_per_sec_per_vcpu:g} img/s per vCPU x {instance.vcpus} vCPUs "
-        f"per node; bound by {bottleneck}",
+        f"one node's {gpus} GPU(s) at {node_eff:.1%} of {gpus} x the single-GPU figure (NVIDIA's DGX-1 8-GPU "
+        f"result: {c.node_efficiency_8gpu:.1%})",
+        f"data loading: {plan.workers_per_rank} loader processes per GPU rank ({plan.processes_per_node(gpus)} per "
+        f"node on {instance.vcpus} vCPUs) at {per_core:g} img/s per core measured by bench/loader.py on "
+        f"{'resized' if resized_shards else 'full-size'} shards = {loader_ceiling / nodes:,.0f} img/s per node; "
+        f"{advice}",
         f"fixed costs: provisioning {c.provisioning_s:g} s; staging {workload.staged_bytes / 1e9:,.1f} GB from S3 at "
         f"{c.s3_efficiency:.0%} of min(line rate, {c.s3_max_gbps:g} Gbps) per node; a "
         f"{workload.checkpoint_bytes / 1e6:,.0f} MB checkpoint per epoch at "
@@ -327,6 +390,7 @@ def estimate(
         tier_nodes=tier_nodes,
         batch_per_gpu=batch_per_gpu,
         gpu_images_per_sec=per_gpu,
+        node_efficiency=node_eff,
         throughput_source=throughput.source,
         compute_time_s=compute_s,
         intra_node_comm_s=intra_s,
@@ -339,6 +403,12 @@ def estimate(
         images_per_sec=images_per_sec,
         scaling_efficiency=efficiency,
         bottleneck=bottleneck,
+        bound=bound,
+        advice=advice,
+        loader_workers_per_rank=plan.workers_per_rank,
+        loader_images_per_sec=loader_ceiling,
+        gpu_demand_images_per_sec=demand,
+        resized_shards=resized_shards,
         epoch_time_s=epoch_s,
         checkpoint_s=checkpoint_s,
         validation_s=validation_s,

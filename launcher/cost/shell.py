@@ -47,11 +47,12 @@ def load_measured() -> tuple[dict[str, GpuThroughput], str | None]:
 
 
 def model_constants() -> tuple[ModelConstants, str | None]:
-    """The model's constants, with the loader's CPU ceiling replaced by a recorded measurement when there is one."""
+    """The model's constants, with the loader's per-core rate (full-size shards) replaced by a recorded measurement
+    when there is one (bench/loader.py --record)."""
     loader, note = measured.load_loader(measured.loader_path(state_root()))
     if loader is None:
         return DEFAULT_CONSTANTS, note
-    return DEFAULT_CONSTANTS.model_copy(update={"loader_img_per_sec_per_vcpu": loader.img_per_sec}), note
+    return DEFAULT_CONSTANTS.model_copy(update={"loader_img_per_sec_per_core": loader.img_per_sec}), note
 
 
 def price_book(instances: Iterable[InstanceType], markets: Iterable[str], *, refresh: bool) -> prices.PriceBook:

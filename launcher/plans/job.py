@@ -10,6 +10,7 @@ import shlex
 from pydantic import BaseModel, ConfigDict
 
 from launcher.cluster import Cluster, Node
+from launcher.plans import loading
 
 ENGINES = ("horovod", "ddp", "reducer")   # training/engine.py's; not imported from there, so plans need no torch
 DDP_PORT = 29500               # the DDP rendezvous port on the first node
@@ -27,7 +28,10 @@ class TrainSpec(BaseModel):
     epochs: int = 90
     batch_per_gpu: int = 256
     warmup_epochs: float | None = None
-    workers: int = 2
+    workers: int | None = None      # loader processes per rank; None: sized from the nodes (launcher.plans.loading)
+    threads: int | None = None      # torch threads per rank; None: sized from the nodes (GPU ranks) or the trainer's
+    precision: str | None = None    # the trainer's --precision (fp16, bf16, fp32); None: its auto
+    fp16_allreduce: bool = False    # fp16 gradient compression on the wire (the trainer's --fp16-allreduce)
     resume: bool = False
     engine: str = "horovod"         # horovod, ddp or reducer (training/engine.py)
     reducers: int = 0               # reducer processes (one per reducer node) with the reducer engine
@@ -59,10 +63,30 @@ def engine_env(spec: TrainSpec, nodes: list[Node]) -> dict[str, str]:
     return {"MASTER_ADDR": nodes[0].address, "MASTER_PORT": str(DDP_PORT)}
 
 
+def sized(spec: TrainSpec, nodes: list[Node]) -> TrainSpec:
+    """``spec`` with the loader processes and torch threads it left out sized from the nodes' CPUs per rank, as
+    launcher.plans.loading decides for the cost model too (GPU ranks: all but one vCPU of their share decode)."""
+    if spec.workers is not None and spec.threads is not None:
+        return spec
+    ranked = [n for n in nodes if n.slots > 0]
+    if not ranked:
+        return spec
+    plan = loading.for_share(min(n.cpus // n.slots for n in ranked), gpus=all(n.gpus > 0 for n in ranked))
+    return spec.model_copy(update={"workers": plan.workers_per_rank if spec.workers is None else spec.workers,
+                                   "threads": plan.threads_per_rank if spec.threads is None else spec.threads})
+
+
 def trainer_argv(python: str, spec: TrainSpec) -> list[str]:
+    workers = loading.CPU_RANK_WORKERS if spec.workers is None else spec.workers
     argv = [python, "-m", "training.train", "--data", spec.data, "--output", spec.output,
             "--model", spec.model, "--image-size", str(spec.image_size), "--epochs", str(spec.epochs),
-            "--batch-per-gpu", str(spec.batch_per_gpu), "--workers", str(spec.workers)]
+            "--batch-per-gpu", str(spec.batch_per_gpu), "--workers", str(workers)]
+    if spec.threads is not None:
+        argv += ["--threads", str(spec.threads)]
+    if spec.precision is not None:
+        argv += ["--precision", spec.precision]
+    if spec.fp16_allreduce:
+        argv.append("--fp16-allreduce")
     if spec.warmup_epochs is not None:
         argv += ["--warmup-epochs", str(spec.warmup_epochs)]
     if spec.resume:
@@ -84,6 +108,7 @@ def mpirun_head(cluster: Cluster) -> list[str]:
 
 def mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_path: str) -> list[str]:
     """The mpirun line the first node runs. MPI reaches the other nodes with the cluster's ssh_config."""
+    spec = sized(spec, nodes)
     ranks = sum(n.slots for n in nodes)
     argv = mpirun_head(cluster)
     argv += ["-np", str(ranks), "--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
@@ -125,6 +150,7 @@ def fabric_mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hos
                        fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
     """:func:`mpirun_argv` on a fabric: each of ``mca`` replaces the setting of that name (or is added), and
     ``fabric_env`` (EFA / NCCL variables, see launcher.plans.efa) is forwarded with ``-x`` after the ranks' own env."""
+    spec = sized(spec, nodes)
     argv = mpirun_argv(cluster, nodes, spec, hostfile_path)
     trainer = trainer_argv(cluster.python, spec)
     out = _with_mca(argv[:len(argv) - len(trainer)], mca)
@@ -164,6 +190,7 @@ def mpmd_mpirun_argv(cluster: Cluster, workers: list[Node], reducers: list[Node]
     if not reducers or spec.reducers != len(reducers) or spec.engine != "reducer":
         raise ValueError(f"the reducer tier needs engine 'reducer' and spec.reducers == {len(reducers)} reducer "
                          f"node(s); got engine '{spec.engine}' and reducers={spec.reducers}")
+    spec = sized(spec, workers)
     ranks = sum(n.slots for n in workers)
     argv = mpirun_head(cluster)
     argv += ["--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",

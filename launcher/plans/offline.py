@@ -21,7 +21,10 @@ from launcher.cost.prices import PriceQuote
 from launcher.plans import efa, job
 from training.schedule import peak_lr, schedule_by_epoch
 
-__all__ = ["PLACEHOLDERS", "hypothetical_cluster", "plan_document", "steps_per_epoch"]
+__all__ = ["PLACEHOLDERS", "TRAINER_PRECISION", "hypothetical_cluster", "plan_document", "steps_per_epoch"]
+
+# The model's precision -> the trainer's --precision: mixed precision is the trainer's fp16 autocast + loss scaling.
+TRAINER_PRECISION = {"amp": "fp16", "fp32": "fp32"}
 
 # What an offline plan cannot know yet; discovery of a deployed stack replaces these.
 PLACEHOLDERS = {
@@ -88,8 +91,11 @@ def plan_document(
     cluster = hypothetical_cluster(instance, nodes, tier=tier_instance, tier_nodes=est.tier_nodes)
     workers = cluster.workers
     tiered = est.strategy == "reducers" and bool(cluster.reducers)
+    # Every option the estimate read reaches the trainer: precision, fp16 gradients, and the loader's workers and
+    # threads (job.sized, from the same launcher.plans.loading the model's loader ceiling uses).
     spec = job.TrainSpec(data=PLACEHOLDERS["data"], output=PLACEHOLDERS["output"], epochs=workload.epochs,
                          batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs,
+                         precision=TRAINER_PRECISION[precision], fp16_allreduce=workload.grad_bytes_per_param == 2,
                          engine="reducer" if tiered else "horovod", reducers=len(cluster.reducers) if tiered else 0)
     # The software of the image ami/ builds (ami/versions.json), unless the caller knows the image's.
     versions = versions or _image_versions()
