@@ -15,7 +15,11 @@ All read shards with the same tar reader and build batches. Prints `ratio=` last
 shards over naive on the 500x375 shards, the pipeline as we recommend running it (convert with --resize, then
 load); the same-shards ratio is printed above it.
 
-    .venv/bin/python bench/loader.py [--images 128] [--rounds 5] [--size 224] [--resize 256]
+    .venv/bin/python bench/loader.py [--images 128] [--rounds 5] [--size 224] [--resize 256] [--record]
+
+With --record, the loader's per-core rate on the full-size shards goes to <state root>/measured/loader.json, where
+`launch plan` and `launch cost` read it in place of the model's default (launcher.cost.inputs,
+loader_img_per_sec_per_core; the resized rate is printed beside it for loader_img_per_sec_per_core_resized).
 """
 
 from __future__ import annotations
@@ -202,6 +206,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--size", type=int, default=224, help="output crop (px)")
     p.add_argument("--resize", type=int, default=256, help="shorter side of the pre-resized shards (px)")
+    p.add_argument("--record", action="store_true", help="record the per-core rate for the cost model")
     args = p.parse_args()
     torch.set_num_threads(1)
 
@@ -228,6 +233,19 @@ def main() -> None:
           f"shards (tar, shuffle buffer, collation)")
     print(f"  {'loader, pre-resized':<20} {rate['loader, pre-resized']:7.0f} img/s  "
           f"x{rate['loader, pre-resized'] / base:4.2f}  make_loader on shards converted with --resize {args.resize}")
+    print(f"per core for the cost model: {rate['loader']:.0f} img/s full-size, {rate['loader, pre-resized']:.0f} "
+          f"--resize {args.resize}")
+    if args.record:
+        import datetime as dt
+
+        from launcher.cluster import state_root
+        from launcher.cost import measured
+
+        file = measured.loader_path(state_root())
+        measured.record_loader(file, rate["loader"], f"bench/loader.py on {dt.date.today()}: {platform.machine()}, "
+                               f"{os.cpu_count()} cores, make_loader on {WIDTH}x{HEIGHT} q{QUALITY} shards, one core "
+                               f"({rate['loader, pre-resized']:.0f} img/s on --resize {args.resize} shards)")
+        print(f"recorded {rate['loader']:.0f} img/s per core in {file}")
     print(f"same shards: loader / naive = {rate['loader'] / base:.2f}")
     print(f"ratio={rate['loader, pre-resized'] / base:.2f}")
 

@@ -34,7 +34,10 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
              gpu_throughput: float = typer.Option(None, "--gpu-throughput", help="Single-GPU ResNet-50 images/s; "
                                                                                 "overrides the catalog's figure."),
              precision: str = typer.Option("amp", "--precision", help="amp (mixed precision) or fp32."),
-             fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce", help="Model fp16 gradient compression."),
+             fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce", help="fp16 gradient compression (the "
+                                                                                 "trainer's --fp16-allreduce too)."),
+             resized_shards: bool = typer.Option(False, "--resized-shards", help="The shards were converted with "
+                                                 "`launch data convert --resize 256`: the loader decodes faster."),
              market: str = typer.Option("on-demand", "--market", help="on-demand or spot (spot prices come from "
                                                                      "`launch cost --refresh-prices`)."),
              as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables.")):
@@ -78,7 +81,7 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
             batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, gpu_throughput=gpu_throughput,
             precision=precision, measured=figures, price=book.quote(workers.name, market),  # type: ignore[arg-type]
             tier_price=book.quote(tier.name, market) if tier else None,  # type: ignore[arg-type]
-            constants=constants)
+            constants=constants, resized_shards=resized_shards)
     except (ValueError, PriceUnavailable) as e:
         raise LaunchError(str(e)) from None
     if as_json:
@@ -100,7 +103,6 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         ("limited by", e.limited_by),
         ("input pipeline", f"{e.loader_workers_per_rank} loader processes per GPU: {e.loader_images_per_sec:,.0f} "
                            f"img/s against {e.gpu_demand_images_per_sec:,.0f} the GPUs would take"),
-        ("verdict", e.advice),
         ("epoch (with checkpoint)", f"{e.epoch_time_s:,.1f} s"),
         ("training", f"{e.training_s / 60:,.1f} min ({epochs} epochs + validation)"),
         ("provisioning + staging", f"{(e.provisioning_s + e.staging_s) / 60:,.1f} min"),
@@ -110,6 +112,7 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     ):
         table.add_row(what, value)
     console.print(table)
+    console.print(e.advice, markup=False, highlight=False)  # input-, network- or compute-bound; what would change it
     nodes_table = Table(title="worker nodes")
     for col in ("node", "slots", "EFA interfaces (network card: device index)"):
         nodes_table.add_column(col)
@@ -202,13 +205,18 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
         raise LaunchError(f"could not write the report to {out}: {e.strerror or e}") from None
 
     table = Table(title=f"Pareto frontier of {len(result.rows)} shapes: none is both faster and cheaper")
-    for col in ("shape", "strategy", "market", "img/s", "scaling", "time to train", "cost (USD)"):
+    for col in ("shape", "strategy", "market", "img/s", "scaling", "bound", "time to train", "cost (USD)"):
         table.add_column(col, justify="right" if col in ("img/s", "scaling", "time to train", "cost (USD)") else "left")
     for i in result.pareto:
         r = result.rows[i]
         table.add_row(r.shape, STRATEGY_LABELS[r.strategy], r.market, f"{r.images_per_sec:,.0f}",
-                      f"{r.scaling_efficiency:.0%}", f"{r.time_to_train_s / 60:,.0f} min", f"{r.cost_usd:,.2f}")
+                      f"{r.scaling_efficiency:.0%}", r.bound, f"{r.time_to_train_s / 60:,.0f} min",
+                      f"{r.cost_usd:,.2f}")
     console.print(table)
+    for i in result.pareto:  # what would change each frontier shape, said once per distinct verdict
+        advice = result.rows[i].advice
+        if advice not in [result.rows[j].advice for j in result.pareto[:result.pareto.index(i)]]:
+            console.print(f"{result.rows[i].shape}: {advice}", markup=False, highlight=False)
     console.print("prices: " + "; ".join(f"{q.instance_type} {q.label()}" for q in result.prices), markup=False)
     console.print(f"report: {out / 'report.html'} (also report.md, grid.csv and {len(costreport.PLOTS)} PNG plots)",
                   markup=False, highlight=False)

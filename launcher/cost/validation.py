@@ -16,7 +16,7 @@ from infra.catalog import get
 from launcher.cost.inputs import DEFAULT_CONSTANTS, imagenet
 from launcher.cost.model import estimate
 
-__all__ = ["POINTS", "Point", "render"]
+__all__ = ["POINTS", "Point", "loader_rows", "render", "render_loader"]
 
 DLE = ("https://github.com/NVIDIA/DeepLearningExamples/blob/master/PyTorch/Classification/ConvNets/resnet50v1.5/"
        "README.md#training-performance-results")
@@ -159,5 +159,39 @@ def render() -> str:
     return "\n".join(lines)
 
 
+def loader_rows(old_workers: int = 2) -> list[tuple[str, int, int, float, float, float, float]]:
+    """Per GPU type of the catalog, one node: (type, vCPUs, loader processes per GPU, decode capacity on full-size and
+    on --resize 256 shards, the GPUs' modelled demand, the capacity the old 2 workers per GPU had on full-size)."""
+    from infra.catalog import gpu_types
+    from launcher.plans import loading
+
+    c = DEFAULT_CONSTANTS
+    rows = []
+    for t in gpu_types():
+        full = estimate(t, 1, IMAGENET)
+        resized = estimate(t, 1, IMAGENET, resized_shards=True)
+        old = loading.decode_capacity(t.vcpus, old_workers * t.gpus, c.loader_img_per_sec_per_core, c.smt_gain)
+        rows.append((t.name, t.vcpus, full.loader_workers_per_rank, full.loader_images_per_sec,
+                     resized.loader_images_per_sec, full.gpu_demand_images_per_sec, old))
+    return rows
+
+
+def render_loader() -> str:
+    """The loader-capacity table of docs/benchmarks.md."""
+    c = DEFAULT_CONSTANTS
+    lines = ["| type | vCPUs | loader processes per GPU | capacity, full-size (img/s) | capacity, --resize 256 | "
+             "GPU demand (img/s) | full-size / demand | resized / demand | before: 2 per GPU / demand |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, vcpus, workers, full, resized, demand, old in loader_rows():
+        lines.append(f"| {name} | {vcpus} | {workers} | {full:,.0f} | {resized:,.0f} | {demand:,.0f} | "
+                     f"{full / demand:.2f}x | {resized / demand:.2f}x | {old / demand:.2f}x |")
+    lines.append(f"\nPer-core rates: {c.loader_img_per_sec_per_core:g} img/s full-size, "
+                 f"{c.loader_img_per_sec_per_core_resized:g} resized (bench/loader.py); a second process on a core's "
+                 f"other hyperthread adds {c.smt_gain:.0%} of a core.")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    import sys
+
+    print(render_loader() if sys.argv[1:] == ["--loader"] else render(), end="")

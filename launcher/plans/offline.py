@@ -80,11 +80,14 @@ def plan_document(
     tier_price: PriceQuote | None = None,
     versions: efa.SoftwareVersions | None = None,
     constants: ModelConstants = DEFAULT_CONSTANTS,
+    resized_shards: bool = False,
 ) -> dict[str, Any]:
-    """Everything `launch plan --json` prints, as one JSON-ready object."""
+    """Everything `launch plan --json` prints, as one JSON-ready object. ``resized_shards``: the shards were
+    converted with ``--resize`` (the loader decodes faster; launcher.cost.model's loader ceiling)."""
     est: Estimate = estimate(instance, nodes, workload, strategy=strategy, tier=tier, tier_nodes=tier_nodes,
                              gpu_throughput=gpu_throughput, precision=precision, measured=measured,
-                             batch_per_gpu=batch_per_gpu, price=price, tier_price=tier_price, constants=constants)
+                             batch_per_gpu=batch_per_gpu, price=price, tier_price=tier_price, constants=constants,
+                             resized_shards=resized_shards)
     if warmup_epochs < 0:
         raise ValueError(f"warmup_epochs must be zero or more, got {warmup_epochs}")
     tier_instance = get(est.tier_type) if est.tier_type else None
