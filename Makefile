@@ -7,13 +7,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 TORCH_VERSION := 2.13.0
-APT_PACKAGES := openmpi-bin libopenmpi-dev openssh-server shellcheck
+APT_PACKAGES := openmpi-bin libopenmpi-dev openssh-server shellcheck debootstrap iproute2
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: setup demo test lint apt clean
+.PHONY: setup demo test lint apt clean rehearsal
 
-setup: apt $(VENV)/.installed node_modules/.installed
+setup: apt $(VENV)/.installed node_modules/.installed rehearsal
+
+# The rehearsal nodes' root (launch local up), built by the image recipe's own scripts: minutes the first time,
+# then from the cache under ~/.cache/scaletrain/rehearsal (keyed by the recipe and the source). Needs root.
+rehearsal: $(VENV)/.installed
+	@if [ "$$(id -u)" = 0 ]; then $(VENV)/bin/launch local build; \
+	else echo "not root: no rehearsal nodes (launch local up --loopback works without them)"; fi
 
 # System packages: only what is missing is installed (root, or sudo when there is one).
 apt:
@@ -22,6 +28,8 @@ apt:
 	command -v mpicxx >/dev/null || missing="$$missing libopenmpi-dev"; \
 	test -x /usr/sbin/sshd || missing="$$missing openssh-server"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 	  sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
 	  echo "installing:$$missing"; \

@@ -30,6 +30,11 @@ COMPONENTS_DIR = HERE / "components"
 SCRIPT_DIR = paths.SCRIPT_DIR
 VENV = paths.VENV
 SOURCE_ZIP = "/tmp/scaletrain-src.zip"
+# The project's source archive: what `pip install` needs on the image, nothing the user built locally (ami/stack.py
+# uploads it; the rehearsal nodes install the same).
+SOURCE_EXCLUDE = [".git", ".venv", "node_modules", "cdk.out", "**/cdk.out", "runs", "reports", "*.egg-info",
+                  "**/__pycache__", "tests", "docs", "bench", ".ci", "*.pyc", ".pytest_cache",
+                  ".ruff_cache", ".whl"]
 TAG_PREFIX = "scaletrain:"
 COMPONENT_DATA_LIMIT = 16_000  # AWS::ImageBuilder::Component Data: at most 16,000 characters inline
 

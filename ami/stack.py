@@ -24,9 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ami import paths, render
 
 ROOT = render.HERE.parent
-# The project's source archive: what `pip install` needs on the image, nothing the user built locally.
-SOURCE_EXCLUDE = [".git", ".venv", "node_modules", "cdk.out", "**/cdk.out", "runs", "reports", "*.egg-info",
-                  "**/__pycache__", "tests", "docs", "bench", ".ci", "*.pyc"]
+SOURCE_EXCLUDE = render.SOURCE_EXCLUDE
 # The image's root volume. A cluster's nodes get a root volume of the image's own size unless told otherwise
 # (infra/compute.py leaves VolumeSize out), so whatever this is, the image launches: EC2 refuses a volume smaller
 # than its snapshot. 200 GiB: the cluster's root volume before it followed the image, room for the CUDA stack,

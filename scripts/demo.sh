@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# `make demo`: the whole job on a local 2-node cluster of real sshd processes.
-# cluster up -> sample ImageNet-layout data -> shards -> Horovod over mpirun -> report -> cluster down.
-# The cluster comes down whatever happens (trap), and the demo's state stays out of ~/.scaletrain.
+# `make demo`: the whole job on a local 2-node cluster of rehearsal nodes: each its own network namespace, address,
+# hostname and root built by the image recipe (ami/components), sharing only /fsx, as the stack's nodes share FSx.
+# cluster up -> sample ImageNet-layout data made and sharded on node0 -> Horovod over mpirun on both nodes ->
+# the run's record fetched back -> cluster down. The cluster comes down whatever happens (trap), and the demo's
+# state stays out of ~/.scaletrain. Without root (namespaces and mounts need it) the nodes are sshd processes on
+# 127.0.0.1 instead (`launch local up --loopback`), which share this machine's files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,18 +16,20 @@ mkdir -p "$run"
 cleanup() { "${launch[@]}" local down >/dev/null 2>&1 && echo "== cluster is down"; }
 trap cleanup EXIT
 
-echo "== 1/5 cluster: 2 nodes, one sshd each on 127.0.0.1"
-"${launch[@]}" local up --nodes 2
-
-echo "== 2/5 sample data: 10 classes in the ILSVRC2012 layout"
-"${launch[@]}" data sample --out "$run/sample-ilsvrc" --classes 10 --per-class 100 --val-per-class 20
-
-echo "== 3/5 shards: WebDataset tars + manifest.json"
-"${launch[@]}" data convert "$run/sample-ilsvrc" --out "$run/shards" --shard-size 100
-
-echo "== 4/5 training: ResNet-18 at 32 px, Horovod over mpirun on both nodes"
-"${launch[@]}" train --cluster local --nodes 2 --data "$run/shards" --model resnet18 --image-size 32 \
-    --epochs 8 --batch-per-gpu 32 --warmup-epochs 1 --workers 1 --output "$run/train" \
-    -- --lr-per-256 0.8 --log-every 5
-
-echo "== 5/5 done: metrics and checkpoints in $run/train"
+train=(--model resnet18 --image-size 32 --epochs 8 --batch-per-gpu 32 --warmup-epochs 1 --workers 1)
+tail=(-- --lr-per-256 0.8 --log-every 5)
+if [ "$(id -u)" = 0 ]; then
+    echo "== 1/3 cluster: 2 rehearsal nodes (the first time, the root is built: minutes, then cached)"
+    "${launch[@]}" local up --nodes 2
+    echo "== 2/3 training: sample data made and sharded on node0 in /fsx, then ResNet-18 at 32 px, Horovod over"
+    echo "   mpirun on both nodes"
+    "${launch[@]}" train --cluster local --nodes 2 "${train[@]}" --output /fsx/scaletrain/runs/demo "${tail[@]}"
+    echo "== 3/3 done: the run's record (metrics, summary) in $SCALETRAIN_HOME/runs/local/demo"
+else
+    echo "== not root: loopback nodes (sshd processes on 127.0.0.1 sharing this machine's files)"
+    echo "== 1/3 cluster: 2 nodes, one sshd each on 127.0.0.1"
+    "${launch[@]}" local up --loopback --nodes 2
+    echo "== 2/3 training: sample data made and sharded, then ResNet-18 at 32 px, Horovod over mpirun on both nodes"
+    "${launch[@]}" train --cluster local --nodes 2 "${train[@]}" --output "$run/train" "${tail[@]}"
+    echo "== 3/3 done: metrics and checkpoints in $run/train"
+fi

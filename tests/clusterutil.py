@@ -99,7 +99,7 @@ def kill_node(home: Path, node: str, name: str = "local") -> list[int]:
 def local_cluster_with_shards(root: Path, nodes: int = 2):
     """A local cluster under root/home and the tiny shards under root, for a module of tests; down afterwards."""
     home = root / "home"
-    launch(home, "local", "up", "--nodes", str(nodes), check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", str(nodes), check=True)
     try:
         tiny_shards(home, root)
         yield root, home

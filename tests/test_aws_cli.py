@@ -62,7 +62,7 @@ def test_status_on_a_stopped_node_exits_non_zero(env, no_console, capsys):  # no
 @pytest.mark.cluster
 def test_launch_ssh_runs_on_the_named_node_and_refuses_unknown_ones(tmp_path):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     try:
         proc = launch(home, "ssh", "node1", "--", "echo", "on", "$SCALETRAIN_NODE", "in", "$SCALETRAIN_WORKDIR",
                       timeout=60)

@@ -36,7 +36,7 @@ REGION = "eu-west-1"  # the stack's; the nodes' AWS CLI has no default region of
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("awsnodes")
     home = root / "home"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     local = Cluster.model_validate(cluster_state(home))
     try:
         with pytest.MonkeyPatch.context() as mp:

@@ -104,7 +104,7 @@ def test_cluster_commands_give_each_node_its_share_and_cores():
 def test_convert_on_a_two_node_local_cluster_matches_one_machine(source, tmp_path):
     src, single, manifest = source
     home, out = tmp_path / "home", tmp_path / "shared"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     try:
         proc = launch(home, "data", "convert", str(src), "--out", str(out), "--cluster", "local", *CLI_OPTIONS)
         assert proc.returncode == 0, proc.stdout + proc.stderr

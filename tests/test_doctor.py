@@ -165,7 +165,7 @@ def test_bad_storage_choice() -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     home = tmp_path_factory.mktemp("doctor") / "home"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     yield home
     launch(home, "local", "down")
 

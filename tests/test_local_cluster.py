@@ -20,7 +20,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture
 def cluster(tmp_path):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     yield home
     launch(home, "local", "down")
 
@@ -70,16 +70,16 @@ def test_status_lists_nodes(cluster):
 
 
 def test_up_twice_is_refused(cluster):
-    assert_one_line_error(launch(cluster, "local", "up", "--nodes", "2"), "already up")
+    assert_one_line_error(launch(cluster, "local", "up", "--loopback", "--nodes", "2"), "already up")
 
 
 def test_down_leaves_no_process(tmp_path):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--nodes", "2", "--reducers", "1", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", "--reducers", "1", check=True)
     pids = list(cluster_state(home)["processes"].values())
     assert len(pids) == 3 and all(alive(p) for p in pids)
     proc = launch(home, "local", "down", check=True)
-    assert "3 sshd process(es) stopped" in proc.stdout
+    assert "3 node(s) were running" in proc.stdout
     assert not any(alive(p) for p in pids)
     assert not (home / "clusters" / "local").exists()
     assert_one_line_error(launch(home, "exec", "--", "true"), "no cluster is up")
@@ -87,11 +87,11 @@ def test_down_leaves_no_process(tmp_path):
 
 def test_up_after_a_crash_cleans_stale_state(tmp_path):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     old = list(cluster_state(home)["processes"].values())
     for pid in old:  # the machine "crashed": sshd gone, state left behind
         os.kill(pid, signal.SIGKILL)
-    proc = launch(home, "local", "up", "--nodes", "2")
+    proc = launch(home, "local", "up", "--loopback", "--nodes", "2")
     try:
         assert proc.returncode == 0, proc.stderr
         assert launch(home, "exec", "--", "true").returncode == 0
@@ -104,21 +104,21 @@ def test_port_already_taken(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        proc = launch(tmp_path / "home", "local", "up", "--nodes", "2", "--base-port", str(port))
+        proc = launch(tmp_path / "home", "local", "up", "--loopback", "--nodes", "2", "--base-port", str(port))
     assert_one_line_error(proc, f"port {port} on 127.0.0.1 is already in use")
     assert not (tmp_path / "home" / "clusters" / "local").exists()
 
 
 def test_bad_node_counts(tmp_path):
-    assert_one_line_error(launch(tmp_path, "local", "up", "--nodes", "0"), "--nodes must be >= 1")
-    assert_one_line_error(launch(tmp_path, "local", "up", "--nodes", "nope"), "--nodes")
+    assert_one_line_error(launch(tmp_path, "local", "up", "--loopback", "--nodes", "0"), "--nodes must be >= 1")
+    assert_one_line_error(launch(tmp_path, "local", "up", "--loopback", "--nodes", "nope"), "--nodes")
 
 
 def test_no_sshd_on_the_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path))
     monkeypatch.setattr(local, "SSHD", str(tmp_path / "no-such-sshd"))
     with pytest.raises(LaunchError, match="no sshd at .*install openssh-server"):
-        local.up(2)
+        local.up(2, loopback=True)
 
 
 def test_unknown_cluster(cluster):

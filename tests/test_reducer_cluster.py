@@ -21,7 +21,7 @@ TRAINER = ["--", "--lr-per-256", "0.8", "--log-every", "2", "--steps-per-epoch",
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("reducer")
     home = root / "home"
-    launch(home, "local", "up", "--nodes", "2", "--reducers", "1", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", "--reducers", "1", check=True)
     tiny_shards(home, root)
     yield root, home
     launch(home, "local", "down")

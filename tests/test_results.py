@@ -46,7 +46,7 @@ def test_a_run_that_failed_before_any_output_fetches_what_there_is():
 @pytest.mark.cluster
 def test_fetch_copies_the_record_from_node0_over_sftp(tmp_path, monkeypatch):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     try:
         monkeypatch.setenv("SCALETRAIN_HOME", str(home))
         c = clusters.load("local")

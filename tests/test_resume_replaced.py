@@ -110,7 +110,7 @@ def test_resume_after_a_node_is_replaced(env):
 
 def test_a_replacement_that_does_not_start_changes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
-    c = local.up(2)
+    c = local.up(2, loopback=True)
     d = clusters.cluster_dir(c.name)
     try:
         os.kill(c.processes["node1"], signal.SIGKILL)

@@ -104,7 +104,7 @@ def test_ddp_engine_over_the_same_cluster(env):
 def test_a_node_lost_mid_run_stops_the_job_and_is_named(env, tmp_path):
     root, _ = env
     home, run = tmp_path / "home", tmp_path / "run"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", "train", "--data", str(root / "shards"), "--epochs", "40", "--output",
          str(run), *TINY], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -135,7 +135,7 @@ def test_bad_train_options(env):
 
 def test_teardown_on_failure_brings_the_cluster_down(tmp_path):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--nodes", "1", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "1", check=True)
     pids = list(cluster_state(home)["processes"].values())
     proc = launch(home, "train", "--data", str(tmp_path / "missing"), "--teardown", *TINY)
     assert_one_line_error(proc, "no manifest.json")
@@ -145,7 +145,7 @@ def test_teardown_on_failure_brings_the_cluster_down(tmp_path):
 
 def test_without_data_it_makes_sample_data_on_the_first_node(tmp_path):
     home, run = tmp_path / "home", tmp_path / "run"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     try:
         proc = launch(home, "train", "--epochs", "1", "--output", str(run), *TINY)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr

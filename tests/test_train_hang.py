@@ -72,7 +72,7 @@ def hung_node(home: Path, node: str) -> list[int]:
 def training(home: Path, run: Path, shards: Path, *watch: str):
     """`launch train` for many epochs on a fresh 2-node cluster, yielded once rank 0 has written metrics; the
     processes a test stops are SIGCONT'ed and killed, and the cluster is brought down, whatever happens."""
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     proc = launch_background(home, "train", "--data", str(shards), "--epochs", "200", "--output", str(run),
                              *TINY, *watch)
     stopped: list[int] = []
@@ -173,7 +173,7 @@ def test_the_probes_keep_one_connection_per_node(tmp_path, monkeypatch):
     from launcher.plans import watchdog
 
     home = tmp_path / "home"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     try:
         monkeypatch.setenv("SCALETRAIN_HOME", str(home))
         c = clusters.load("local")

@@ -58,7 +58,7 @@ def wait_until_gone(text: str, timeout: float = 60) -> list[int]:
 
 def test_ctrl_c_stops_the_job_and_leaves_the_cluster_up(shards, tmp_path):
     home, run = tmp_path / "home", tmp_path / "run"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     try:
         proc = interrupt_mid_run(home, shards, run)
         assert proc.returncode == 130
@@ -72,7 +72,7 @@ def test_ctrl_c_stops_the_job_and_leaves_the_cluster_up(shards, tmp_path):
 
 def test_ctrl_c_with_teardown_brings_the_cluster_down(shards, tmp_path):
     home, run = tmp_path / "home", tmp_path / "run"
-    launch(home, "local", "up", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     pids = list(cluster_state(home)["processes"].values())
     try:
         proc = interrupt_mid_run(home, shards, run, "--teardown")

@@ -45,19 +45,32 @@ E91G7bb0hOb/cA==
 -----END PGP PUBLIC KEY BLOCK-----
 KEY
 
+# Rehearsal nodes (launcher/plans/rehearsal.py) build from package registries only, and awscli.amazonaws.com is not
+# one: there the AWS CLI comes from PyPI (version 1, the same `aws s3` commands and options the launcher runs),
+# installed at the same path.
+EXPECTED="aws-cli/$AWS_CLI_VERSION "
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then EXPECTED="aws-cli/1."; fi
+
 verify() {
     local have
     have=$("$SCALETRAIN_AWS_CLI" --version 2>&1) \
         || { echo "error: $SCALETRAIN_AWS_CLI does not run" >&2; return 1; }
     # `aws --version` prints "aws-cli/<version> Python/... Linux/... exe/x86_64...".
     case "$have" in
-        "aws-cli/$AWS_CLI_VERSION "*) ;;
-        *) echo "error: $SCALETRAIN_AWS_CLI is '$have', expected aws-cli/$AWS_CLI_VERSION" >&2; return 1 ;;
+        "$EXPECTED"*) ;;
+        *) echo "error: $SCALETRAIN_AWS_CLI is '$have', expected ${EXPECTED% }" >&2; return 1 ;;
     esac
+}
+
+install_rehearsal() {
+    python3 -m venv "$INSTALL_DIR"
+    "$INSTALL_DIR/bin/python" -m pip install --quiet "awscli>=1.36,<2"
+    ln -sfn "$INSTALL_DIR/bin/aws" "$SCALETRAIN_AWS_CLI"
 }
 
 install_() {
     local work signer
+    if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then install_rehearsal; return; fi
     work=$(mktemp -d)
     curl -fsSL -o "$work/awscliv2.zip" "$INSTALLER"
     curl -fsSL -o "$work/awscliv2.sig" "$INSTALLER.sig"

@@ -4,6 +4,8 @@
 # Reads: AWS_OFI_NCCL_VERSION; SCALETRAIN_OFI_NCCL_PREFIX, SCALETRAIN_EFA_PREFIX, SCALETRAIN_MPI_PREFIX and
 # SCALETRAIN_CUDA_HOME (ami/paths.py).
 set -euo pipefail
+# Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs the EFA installer's libfabric and CUDA.
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "aws-ofi-nccl.sh: skipped on a rehearsal node"; exit 0; fi
 : "${AWS_OFI_NCCL_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${SCALETRAIN_OFI_NCCL_PREFIX:?set by the Image Builder component from ami/paths.py}"
 : "${SCALETRAIN_EFA_PREFIX:?set by the Image Builder component from ami/paths.py}"

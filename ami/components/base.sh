@@ -8,23 +8,29 @@ set -euo pipefail
 : "${SCALETRAIN_IMAGE_ENV_FILE:?set by the Image Builder component from ami/paths.py}"
 export DEBIAN_FRONTEND=noninteractive
 RECORD=$SCALETRAIN_IMAGE_ENV_FILE
+# The kernel's headers and DKMS, for the modules built below. Rehearsal nodes (launcher/plans/rehearsal.py) run on
+# the launcher's kernel and build no modules: they skip these, and only these.
+KERNEL_PACKAGES=(dkms "linux-headers-$(uname -r)")
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then KERNEL_PACKAGES=(); fi
 
 verify() {
     test -s "$RECORD" || { echo "error: $RECORD is missing" >&2; return 1; }
     diff <(printf '%s\n' "$SCALETRAIN_IMAGE_ENV") "$RECORD" >/dev/null \
         || { echo "error: $RECORD differs from the versions this component pins" >&2; return 1; }
-    dpkg -s build-essential "linux-headers-$(uname -r)" >/dev/null
+    dpkg -s build-essential "${KERNEL_PACKAGES[@]:1}" >/dev/null
 }
 
 install_() {
     apt-get update -qq
-    apt-get install -y -qq build-essential dkms "linux-headers-$(uname -r)" curl ca-certificates gnupg unzip \
+    apt-get install -y -qq build-essential "${KERNEL_PACKAGES[@]}" curl ca-certificates gnupg unzip \
         python3-venv python3-dev git chrony jq pciutils >/dev/null
     # The kernel modules built below match this kernel only: hold it so an upgrade cannot strand them.
-    apt-mark hold "linux-image-$(uname -r)" "linux-headers-$(uname -r)" >/dev/null
-    for meta in linux-aws linux-image-aws linux-headers-aws; do
-        if dpkg -s "$meta" >/dev/null 2>&1; then apt-mark hold "$meta" >/dev/null; fi
-    done
+    if [ "${#KERNEL_PACKAGES[@]}" -gt 0 ]; then
+        apt-mark hold "linux-image-$(uname -r)" "linux-headers-$(uname -r)" >/dev/null
+        for meta in linux-aws linux-image-aws linux-headers-aws; do
+            if dpkg -s "$meta" >/dev/null 2>&1; then apt-mark hold "$meta" >/dev/null; fi
+        done
+    fi
     install -d -m 0755 "$(dirname "$RECORD")"
     printf '%s\n' "$SCALETRAIN_IMAGE_ENV" >"$RECORD"
 }

@@ -3,6 +3,8 @@
 # held kernel. The services stay disabled: the launcher configures the roles (infra/layout.py) and starts them.
 # Reads: BEEGFS_VERSION.
 set -euo pipefail
+# Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs ThinkParQ's repository and a kernel module for the host's kernel.
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "beegfs.sh: skipped on a rehearsal node"; exit 0; fi
 : "${BEEGFS_VERSION:?set by the Image Builder component from ami/versions.json}"
 export DEBIAN_FRONTEND=noninteractive
 REPO="https://www.beegfs.io/release/beegfs_${BEEGFS_VERSION}"

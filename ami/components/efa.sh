@@ -3,6 +3,8 @@
 # Reads: EFA_INSTALLER_VERSION, LIBFABRIC_VERSION and OPENMPI_VERSION (what that installer ships);
 # SCALETRAIN_EFA_PREFIX and SCALETRAIN_MPI_PREFIX (ami/paths.py: where the installer puts them).
 set -euo pipefail
+# Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs EFA devices and AWS's EFA installer (the rehearsal puts Debian's Open MPI at the same prefix instead: ami/rehearsal/openmpi.sh).
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "efa.sh: skipped on a rehearsal node"; exit 0; fi
 : "${EFA_INSTALLER_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${LIBFABRIC_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${OPENMPI_VERSION:?set by the Image Builder component from ami/versions.json}"

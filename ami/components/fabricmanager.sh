@@ -17,6 +17,8 @@
 # enabled everywhere; image-test.sh checks that it runs at the driver's version where the host has NVSwitches.
 # Reads: NVIDIA_DRIVER_VERSION, NVIDIA_FABRICMANAGER_VERSION, SCALETRAIN_BASE_HAS_DRIVER (true|false).
 set -euo pipefail
+# Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs NVSwitch hardware and NVIDIA's repository.
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "fabricmanager.sh: skipped on a rehearsal node"; exit 0; fi
 : "${NVIDIA_DRIVER_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${NVIDIA_FABRICMANAGER_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${SCALETRAIN_BASE_HAS_DRIVER:?set by the Image Builder component from ami/versions.json (true or false)}"

@@ -4,6 +4,8 @@
 # built with NCCL, and a one-node NCCL allreduce with correct results.
 # Reads: SCALETRAIN_BIN_PATH, SCALETRAIN_LIB_PATH, SCALETRAIN_NCCL_TESTS_ROOT (ami/paths.py).
 set -euo pipefail
+# Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs GPUs and EFA devices.
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "image-test.sh: skipped on a rehearsal node"; exit 0; fi
 : "${SCALETRAIN_BIN_PATH:?set by the Image Builder component from ami/paths.py}"
 : "${SCALETRAIN_LIB_PATH:?set by the Image Builder component from ami/paths.py}"
 : "${SCALETRAIN_NCCL_TESTS_ROOT:?set by the Image Builder component from ami/paths.py}"

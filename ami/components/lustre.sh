@@ -2,6 +2,8 @@
 # The Lustre client for FSx for Lustre, from AWS's repository, with the modules for the held kernel.
 # Reads: LUSTRE_CLIENT_VERSION (major.minor the modules must report).
 set -euo pipefail
+# Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs AWS's Lustre repository and a kernel module for the host's kernel.
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "lustre.sh: skipped on a rehearsal node"; exit 0; fi
 : "${LUSTRE_CLIENT_VERSION:?set by the Image Builder component from ami/versions.json}"
 export DEBIAN_FRONTEND=noninteractive
 REPO=https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu

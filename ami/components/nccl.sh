@@ -3,6 +3,8 @@
 # Reads: NCCL_VERSION, NCCL_CUDA_TAG (the package's +cudaX.Y suffix), NCCL_TESTS_VERSION; SCALETRAIN_NCCL_TESTS_ROOT,
 # SCALETRAIN_MPI_PREFIX and SCALETRAIN_CUDA_HOME (ami/paths.py).
 set -euo pipefail
+# Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs CUDA and NVIDIA's repository.
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "nccl.sh: skipped on a rehearsal node"; exit 0; fi
 : "${NCCL_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${NCCL_CUDA_TAG:?set by the Image Builder component from ami/versions.json}"
 : "${NCCL_TESTS_VERSION:?set by the Image Builder component from ami/versions.json}"

@@ -6,6 +6,8 @@
 # Reads: NVIDIA_DRIVER_VERSION, NVIDIA_KERNEL_MODULE_TYPE (open|proprietary), CUDA_VERSION, CUDA_APT_PACKAGE;
 # SCALETRAIN_CUDA_HOME (ami/paths.py).
 set -euo pipefail
+# Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs a GPU and NVIDIA's driver repository.
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "nvidia.sh: skipped on a rehearsal node"; exit 0; fi
 : "${NVIDIA_DRIVER_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${NVIDIA_KERNEL_MODULE_TYPE:?set by the Image Builder component (open or proprietary)}"
 : "${CUDA_VERSION:?set by the Image Builder component from ami/versions.json}"

@@ -6,20 +6,25 @@ set -euo pipefail
 : "${TORCH_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${TORCH_INDEX:?set by the Image Builder component from ami/versions.json}"
 PY="$SCALETRAIN_VENV/bin/python"
+# The image takes the CUDA build from PyTorch's index. Rehearsal nodes (launcher/plans/rehearsal.py) have no GPU and
+# build from package registries only: the CPU build of the same release from the default index.
+CUDA_BUILD=True
+INDEX=(--index-url "$TORCH_INDEX")
+if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then CUDA_BUILD=False; INDEX=(); fi
 
 verify() {
     local have
     have=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0], torch.version.cuda is not None)' 2>/dev/null) \
         || { echo "error: torch does not import in $SCALETRAIN_VENV" >&2; return 1; }
-    [ "$have" = "$TORCH_VERSION True" ] \
-        || { echo "error: torch in $SCALETRAIN_VENV is '$have', expected '$TORCH_VERSION True' (a CUDA build)" >&2
+    [ "$have" = "$TORCH_VERSION $CUDA_BUILD" ] \
+        || { echo "error: torch in $SCALETRAIN_VENV is '$have', expected '$TORCH_VERSION $CUDA_BUILD' (True: a CUDA build)" >&2
              return 1; }
 }
 
 install_() {
     test -x "$PY" || python3 -m venv "$SCALETRAIN_VENV"
     "$PY" -m pip install --quiet --upgrade pip setuptools wheel
-    "$PY" -m pip install --quiet "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX"
+    "$PY" -m pip install --quiet "torch==${TORCH_VERSION}" "${INDEX[@]}"
 }
 
 case "${1:-build}" in

@@ -9,29 +9,59 @@ from launcher.cli.common import console
 from launcher.cluster import local
 from launcher.errors import LaunchError
 
-app = typer.Typer(no_args_is_help=True, help="A local cluster of real sshd nodes on 127.0.0.1.")
+app = typer.Typer(no_args_is_help=True, help="A local cluster: rehearsal nodes built by the image recipe, each its "
+                                              "own machine (default), or sshd processes on 127.0.0.1 (--loopback).")
 
 
 @app.command("up")
 def local_up(nodes: int = typer.Option(2, "--nodes", help="Worker nodes."),
              reducers: int = typer.Option(0, "--reducers", help="Reducer nodes (CPU-only role)."),
-             base_port: int = typer.Option(None, "--base-port", help="First port; default: free ports.")):
-    """Start one sshd per node on 127.0.0.1 and write the cluster's keys, ssh_config and known_hosts."""
-    c = local.up(nodes, reducers, base_port)
-    console.print(f"cluster '{c.name}' is up: {len(c.workers)} worker(s), {len(c.reducers)} reducer(s)")
+             name: str = typer.Option(local.LOCAL, "--name", help="Cluster name."),
+             subnet: str = typer.Option(None, "--subnet",
+                                        help="Rehearsal nodes' private network; default 10.213.0.0/24."),
+             loopback: bool = typer.Option(False, "--loopback",
+                                           help="sshd processes on 127.0.0.1 sharing this machine's files, "
+                                                "instead of rehearsal nodes (no root needed; no isolation)."),
+             base_port: int = typer.Option(None, "--base-port", help="--loopback: first port; default: free ports.")):
+    """Bring up a local cluster. By default each node is a rehearsal node: its own network namespace, address and
+    hostname, sshd on port 22, and a copy-on-write root built by the image recipe (ami/components, built once and
+    cached); only the shared directory, at /fsx, is common to the nodes. Needs root."""
+    c = local.up(nodes, reducers, base_port, name, loopback=loopback, subnet=subnet)
+    kind = "loopback sshd" if c.rehearsal is None else "rehearsal"
+    console.print(f"cluster '{c.name}' is up ({kind} nodes): {len(c.workers)} worker(s), {len(c.reducers)} reducer(s)")
     for n in c.nodes:
         console.print(f"  {n.name:<10} {n.role:<8} {n.address}:{n.port}  pid {c.processes[n.name]}  {n.workdir}")
+    if c.rehearsal is not None:
+        console.print(f"shared storage: {c.rehearsal.shared_host} on this machine, {c.rehearsal.shared_mount} on "
+                      f"every node")
     console.print(f"ssh_config: {c.ssh_config}   (try: ssh -F {c.ssh_config} {c.nodes[0].name})")
+
+
+@app.command("build")
+def local_build():
+    """Build the rehearsal nodes' root with the image recipe (ami/components, hardware layers skipped), or find it
+    in the cache (keyed by the recipe and the project's source). `launch local up` does this first."""
+    from launcher.cluster import rehearsal
+
+    layers = rehearsal.ensure_root()
+    console.print(f"rehearsal root: {layers.system} + {layers.project}", markup=False, highlight=False)
 
 
 @app.command("down")
 def local_down(cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local cluster name.")):
-    """Stop the local cluster's sshd processes and remove its state."""
+    """Stop the local cluster's nodes and remove what `up` made (namespaces, bridge, state)."""
+    from launcher.cluster import local_rehearsal
+
+    d = clusters.cluster_dir(cluster)
+    if not (d / "cluster.json").exists() and local_rehearsal.leftovers(d):  # a crash mid-`up`
+        stopped = local_rehearsal.remove(d)
+        console.print(f"cluster '{cluster}' was half made; removed what was recorded ({stopped} node(s) running)")
+        return
     c = clusters.load(cluster)
     if c.backend != "local":
         raise LaunchError(f"cluster '{c.name}' is an AWS cluster; bring it down with `launch down`")
     stopped = local.down(c)
-    console.print(f"cluster '{c.name}' is down ({stopped} sshd process(es) stopped)")
+    console.print(f"cluster '{c.name}' is down ({stopped} node(s) were running)")
 
 
 @app.command("replace")
@@ -47,5 +77,5 @@ def local_replace(nodes: list[str] = typer.Argument(None, metavar="[NODE]...",
     if not replaced:
         console.print(f"nothing to replace: every node of cluster '{c.name}' is running")
     for r in replaced:
-        console.print(f"{r.node} replaced: 127.0.0.1:{r.port} (was {r.old_port}), pid {r.pid}, "
+        console.print(f"{r.node} replaced: {c.node(r.node).address}:{r.port} (was port {r.old_port}), pid {r.pid}, "
                       f"host key {r.fingerprint} pinned, the old one removed")

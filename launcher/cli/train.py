@@ -99,7 +99,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                              resume=resume, engine=engine, reducers=reducers,
                              extra_args=tuple(trainer_args or ()))
         result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers], watch=watch)
-        if c.backend == "aws":  # the run directory is on the cluster's storage, which --teardown deletes
+        if not c.shares_launcher_fs:  # the run directory is on the cluster's storage, which --teardown deletes
             _fetch_record(c, chosen[0], out, newest_checkpoint=teardown)
         if result.stopped:  # the watchdog's reason: a hung node would only stall a probe of who answers
             raise LaunchError(f"training failed: {result.stopped} (output above); run directory {out}")
@@ -118,7 +118,10 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     if stack is None:
         assert c is not None
         try:
-            body(c, run.local_output(output, stamp), str(Path(data).expanduser().resolve()) if data else "")
+            if c.shares_launcher_fs:  # loopback nodes see this machine's paths
+                body(c, run.local_output(output, stamp), str(Path(data).expanduser().resolve()) if data else "")
+            else:  # rehearsal nodes, like EC2 instances, see their own disks and the shared storage only
+                body(c, output or f"{c.shared_root or c.nodes[0].workdir}/runs/{stamp}", data or "")
         finally:
             if teardown:
                 _teardown(c)

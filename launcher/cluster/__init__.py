@@ -63,6 +63,22 @@ class AwsInfo(BaseModel):
     node_ssh_config: str                     # ssh_config on the nodes: mpirun reaches the others with it
 
 
+class RehearsalInfo(BaseModel):
+    """What `launch local up` made for rehearsal nodes (launcher/cluster/rehearsal.py), by name, so that `down`
+    removes exactly that, after a crash too."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bridge: str
+    subnet: str
+    gateway: str                             # the bridge's address on this machine
+    netns: dict[str, str]                    # node -> network namespace
+    veth: dict[str, str]                     # node -> this machine's end of its veth pair
+    shared_host: str                         # the shared directory on this machine ...
+    shared_mount: str                        # ... and where every node sees it (where the stack mounts FSx)
+    layers: list[str]                        # the root's overlay lower directories, top first
+
+
 class Cluster(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -83,8 +99,10 @@ class Cluster(BaseModel):
     mpi_prefix: str | None = None
     mpi_interface: str | None = None         # network interface for MPI's own traffic (local: lo)
     instance_type: str | None = None         # catalog name for AWS nodes; None on the local cluster
-    processes: dict[str, int] = {}           # local backend: node name -> sshd pid it started
+    processes: dict[str, int] = {}           # local backend: node name -> the pid that ends it (sshd or unshare)
     aws: AwsInfo | None = None               # AWS backend: the stack it was discovered from
+    rehearsal: RehearsalInfo | None = None   # local backend on rehearsal nodes (the default); None: loopback sshd
+    node_ssh_config: str | None = None       # rehearsal nodes: the ssh_config on the nodes mpirun uses
 
     @model_validator(mode="before")
     @classmethod
@@ -109,7 +127,23 @@ class Cluster(BaseModel):
     def mpi_ssh_config(self) -> str:
         """The ssh_config mpirun uses on the first node: the launcher's own on the local cluster (same machine),
         the nodes' copy on AWS (private addresses; the launcher's goes through SSM)."""
-        return self.aws.node_ssh_config if self.aws else self.ssh_config
+        if self.aws:
+            return self.aws.node_ssh_config
+        return self.node_ssh_config or self.ssh_config
+
+    @property
+    def shares_launcher_fs(self) -> bool:
+        """Do the nodes see the launcher's files (the loopback local cluster only)? Everywhere else a path the
+        launcher names must be on the nodes' own disks or shared storage."""
+        return self.backend == "local" and self.rehearsal is None
+
+    @property
+    def shared_root(self) -> str | None:
+        """Where runs and staged data live on every node: the shared mount's scaletrain directory, or None."""
+        if self.rehearsal is not None:
+            return f"{self.rehearsal.shared_mount}/scaletrain"
+        mount = (self.aws.storage if self.aws else {}).get("mount_point")
+        return f"{mount}/scaletrain" if mount else None
 
     @property
     def workers(self) -> list[Node]:

@@ -87,6 +87,10 @@ def _sshd_marker(directory: Path, node: str) -> str:
 
 
 def running_nodes(cluster: Cluster) -> list[str]:
+    if cluster.rehearsal is not None:
+        from launcher.cluster import local_rehearsal
+
+        return local_rehearsal.running_nodes(cluster)
     d = cluster_dir(cluster.name)
     return [n for n, pid in cluster.processes.items() if _alive(pid, _sshd_marker(d, n))]
 
@@ -191,17 +195,40 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = LOCAL) -> Cluster:
+def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = LOCAL, *, loopback: bool = False,
+       subnet: str | None = None) -> Cluster:
+    """Rehearsal nodes (launcher/cluster/local_rehearsal.py), or with ``loopback`` sshd processes on 127.0.0.1 that
+    share this machine's filesystem (for tests of the launcher's own logic)."""
     if nodes < 1:
         raise LaunchError(f"--nodes must be >= 1, got {nodes}")
     if reducers < 0:
         raise LaunchError(f"--reducers must be >= 0, got {reducers}")
     if nodes + reducers > 64:
         raise LaunchError(f"--nodes + --reducers must be at most 64 on one machine, got {nodes + reducers}")
+    if not loopback and base_port is not None:
+        raise LaunchError("--base-port is for --loopback nodes; rehearsal nodes each answer on port 22 of their "
+                          "own address")
+    if loopback and subnet is not None:
+        raise LaunchError("--subnet is for rehearsal nodes; --loopback nodes are on 127.0.0.1")
+    d = cluster_dir(name)
+    if not loopback:
+        from launcher.cluster import local_rehearsal
+
+        if d.exists():
+            try:
+                old = load(name) if (d / "cluster.json").exists() else None
+            except LaunchError:
+                old = None
+            if old is not None and (running_nodes(old)):
+                raise LaunchError(f"cluster '{name}' is already up ({len(old.nodes)} nodes); "
+                                  f"run `launch local down` first")
+            if old is not None and old.rehearsal is None:
+                _stop_pids(_recorded_pids(d, old), d)
+            local_rehearsal.clean(d)
+        return local_rehearsal.up(nodes, reducers, name, subnet or local_rehearsal.plan.DEFAULT_SUBNET)
     _check_tools()
     mpirun = local_mpirun()
 
-    d = cluster_dir(name)
     if d.exists():
         try:
             old = load(name) if (d / "cluster.json").exists() else None
@@ -284,6 +311,12 @@ def replace(cluster: Cluster, requested: list[str]) -> tuple[Cluster, list[Repla
     names = to_replace(cluster, requested, set(running_nodes(cluster)))
     if not names:
         return cluster, []
+    if cluster.rehearsal is not None:
+        from launcher.cluster import local_rehearsal
+
+        new, keys = local_rehearsal.replace(cluster, names)
+        return new, [Replaced(n, 22, 22, new.processes[n], fingerprint(keys[n][0]) if keys[n] else "")
+                     for n in names]
     _check_tools()
     ports = fresh_ports(len(names), {n.port for n in cluster.nodes})
     files = {Path(cluster.ssh_config): Path(cluster.ssh_config).read_text(),
@@ -334,7 +367,11 @@ def _recorded_pids(d: Path, cluster: Cluster | None) -> dict[str, int]:
 
 
 def down(cluster: Cluster) -> int:
-    """Stop the cluster's sshd processes and remove its state. Returns how many were running."""
+    """Stop the cluster's nodes and remove its state. Returns how many were running."""
+    if cluster.rehearsal is not None:
+        from launcher.cluster import local_rehearsal
+
+        return local_rehearsal.down(cluster)
     d = cluster_dir(cluster.name)
     pids = _recorded_pids(d, cluster)
     running = len([1 for n, p in pids.items() if _alive(p, _sshd_marker(d, n))])

@@ -122,10 +122,9 @@ def _on_nodes(c: Cluster, scripts: dict[str, str], what: str, *, sudo: bool) -> 
 
 def install_node_access(c: Cluster) -> None:
     """Put the nodes' key, ssh_config and known_hosts on every node (SFTP, mode 0600), so mpirun on node0 reaches
-    the others."""
-    assert c.aws is not None
+    the others. (AWS nodes and rehearsal nodes alike.)"""
     d = Path(c.ssh_config).parent
-    target = str(Path(c.aws.node_ssh_config).parent)
+    target = str(Path(c.mpi_ssh_config).parent)
     sources = {"id_ed25519": d / "node_ed25519", "ssh_config": d / "node_ssh_config",
                "known_hosts": d / "node_known_hosts"}
     missing = [str(p) for p in sources.values() if not p.is_file()]
@@ -162,8 +161,7 @@ def prepare_storage(c: Cluster) -> None:
 
 def shared_root(c: Cluster) -> str | None:
     """Where runs and staged data live on every node: the shared mount's scaletrain directory, or None."""
-    mount = (c.aws.storage if c.aws else {}).get("mount_point")
-    return f"{mount}/scaletrain" if mount else None
+    return c.shared_root
 
 
 def stage_data(c: Cluster, nodes: list[Node], data: str, *, shard_size: int = 1000,

@@ -203,11 +203,11 @@ def write_access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
 
 def write_node_access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
     """The nodes' own key pair (made once), ssh_config and known_hosts, beside the launcher's ssh_config:
-    what awsrun.install_node_access puts on every node so that mpirun on the first node reaches the others."""
-    assert c.aws is not None
+    what awsrun.install_node_access puts on every node so that mpirun on the first node reaches the others.
+    (Rehearsal nodes get theirs from here too.)"""
     d = Path(c.ssh_config).parent
     _keypair(d, "node_ed25519", f"scaletrain-nodes-{c.name}")
-    node_dir = str(Path(c.aws.node_ssh_config).parent)
+    node_dir = str(Path(c.mpi_ssh_config).parent)
     (d / "node_ssh_config").write_text(access.node_ssh_config(
         c.name, [(n.name, n.address) for n in c.nodes], user=c.user, identity_file=f"{node_dir}/id_ed25519",
         known_hosts=f"{node_dir}/known_hosts", ports={n.name: n.port for n in c.nodes}))

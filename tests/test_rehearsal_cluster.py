@@ -1,0 +1,162 @@
+"""Rehearsal nodes for real: `launch local up` makes two machines (namespaces on a bridge, roots built by the image
+recipe), the launcher reaches them as EC2 instances, trains across them, and `down` leaves nothing.
+
+Each check here is one a real node makes fail when the launcher relies on its own machine: the nodes do not see
+the checkout or the launcher's Python, find mpirun only where the image puts it, and share only /fsx.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from clusterutil import assert_one_line_error, cluster_state, launch, tiny_shards
+
+from launcher.plans import rehearsal as plan
+
+pytestmark = [pytest.mark.cluster,
+              pytest.mark.skipif(os.geteuid() != 0, reason="rehearsal nodes need root (namespaces, mounts)")]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def netns_list() -> list[str]:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+
+
+def links() -> str:
+    return subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("rehearsal") / "home"
+    proc = launch(home, "local", "up", "--nodes", "2", timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    yield home
+    launch(home, "local", "down")
+
+
+def on_nodes(home: Path, command: str) -> dict[str, str]:
+    proc = launch(home, "exec", "--", command)
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        node, _, text = line.partition("] ")
+        out.setdefault(node.lstrip("["), []).append(text)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def test_each_node_is_a_machine_with_its_own_hostname_and_address(home):
+    state = cluster_state(home)
+    assert state["rehearsal"]["shared_mount"] == "/fsx"
+    addresses = {n["name"]: n["address"] for n in state["nodes"]}
+    assert len(set(addresses.values())) == 2 and all(n["port"] == 22 for n in state["nodes"])
+    seen = on_nodes(home, "hostname; ip -4 -o addr show eth0 | awk '{print $4}'")
+    for name, address in addresses.items():
+        assert seen[name].splitlines() == [name, f"{address}/24"]
+
+
+def test_a_node_sees_neither_the_checkout_nor_the_launchers_python(home):
+    seen = on_nodes(home, f"test -e {REPO}/pyproject.toml && echo checkout; test -e {sys.executable} && echo python;"
+                          f" test -e {home} && echo state; echo checked")
+    assert set(seen.values()) == {"checked"}
+
+
+def test_mpirun_is_only_where_the_image_puts_it_and_the_image_has_its_tools(home):
+    seen = on_nodes(home, "command -v mpirun || echo no-mpirun-on-path; "
+                          "/opt/amazon/openmpi/bin/mpirun --version | head -1; "
+                          "/usr/local/bin/aws --version 2>&1 | cut -d' ' -f1 | cut -d/ -f1; "
+                          "/opt/scaletrain/venv/bin/python -c 'import training.train, horovod.torch, simplejpeg; "
+                          "print(\"trainer imports\")'")
+    for text in seen.values():
+        lines = text.splitlines()
+        assert lines[0] == "no-mpirun-on-path"
+        assert lines[1].startswith("mpirun (Open MPI)")
+        assert lines[2] == "aws-cli"
+        assert lines[3] == "trainer imports"
+
+
+def test_only_the_shared_mount_is_common_to_the_nodes(home):
+    launch(home, "exec", "--", 'echo "$(hostname)" > /root/mine; echo "$(hostname)" > /fsx/scaletrain/$(hostname)',
+           check=True)
+    seen = on_nodes(home, "cat /root/mine; ls /fsx/scaletrain | sort | tr '\\n' ' '")
+    assert seen["node0"].splitlines()[0] == "node0" and seen["node1"].splitlines()[0] == "node1"
+    assert all("node0 node1" in text for text in seen.values())
+    shared = Path(cluster_state(home)["rehearsal"]["shared_host"])
+    assert (shared / "scaletrain" / "node1").read_text() == "node1\n"
+
+
+def test_train_runs_across_the_nodes_and_its_record_comes_back(home):
+    proc = launch(home, "train", "--nodes", "2", "--epochs", "1", "--model", "resnet18", "--image-size", "32",
+                  "--batch-per-gpu", "16", "--warmup-epochs", "0", "--workers", "1", "--output",
+                  "/fsx/scaletrain/runs/t1", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "/opt/amazon/openmpi/bin/mpirun --prefix /opt/amazon/openmpi" in proc.stdout
+    fetched = home / "runs" / "local" / "t1"
+    summary = json.loads((fetched / "summary.json").read_text())
+    assert summary["ranks"] == 2 if "ranks" in summary else summary
+    shared = Path(cluster_state(home)["rehearsal"]["shared_host"])
+    assert (shared / "scaletrain" / "runs" / "t1" / "metrics.jsonl").is_file()
+
+
+def test_data_the_launcher_made_locally_and_did_not_ship_fails_the_run(home, tmp_path):
+    shards = tiny_shards(home, tmp_path)
+    proc = launch(home, "train", "--nodes", "2", "--epochs", "1", "--data", str(shards), timeout=300)
+    assert_one_line_error(proc, f"no manifest.json in {shards} on node0")
+
+
+def test_a_subnet_in_use_is_refused_and_nothing_is_left_behind(home):
+    before_ns, before_links = netns_list(), links()
+    proc = launch(home, "local", "up", "--nodes", "1", "--name", "other", "--subnet", "10.213.0.0/24", timeout=600)
+    assert_one_line_error(proc, "--subnet 10.213.0.0/24 overlaps 10.213.0.0/24", "choose a free private subnet")
+    assert netns_list() == before_ns and links().count("\n") == before_links.count("\n")
+    assert not (home / "clusters" / "other").exists()
+
+
+def test_a_killed_node_is_its_namespace_going_away_and_replace_boots_it_from_the_image(home):
+    state = cluster_state(home)
+    pid = state["processes"]["node1"]
+    inside = subprocess.run(["ip", "netns", "pids", state["rehearsal"]["netns"]["node1"]], capture_output=True,
+                            text=True).stdout.split()
+    assert inside  # sshd and the node's init
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in inside):
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{p}").exists() for p in inside)
+    assert_one_line_error(launch(home, "exec", "--", "true"), "node1")
+    old_keys = Path(state["known_hosts"]).read_text()
+    proc = launch(home, "local", "replace", "node1", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert Path(state["known_hosts"]).read_text() != old_keys
+    seen = on_nodes(home, "test -e /root/mine && echo kept || echo fresh")
+    assert seen == {"node0": "kept", "node1": "fresh"}
+    # mpirun on node0 reaches the new node1 with the nodes' known_hosts, rewritten on every node
+    out = launch(home, "exec", "--", "ssh -F /root/.scaletrain/cluster/ssh_config node1 hostname")
+    assert out.returncode == 0 and "[node0] node1" in out.stdout, out.stderr
+
+
+def test_down_removes_namespaces_bridge_and_processes(tmp_path):
+    home = tmp_path / "home"
+    launch(home, "local", "up", "--nodes", "1", "--name", "gone", "--subnet", "10.213.9.0/24", check=True,
+           timeout=3600)
+    state = cluster_state(home, "gone")
+    netns, bridge = state["rehearsal"]["netns"]["node0"], state["rehearsal"]["bridge"]
+    pid = state["processes"]["node0"]
+    assert netns in netns_list() and bridge in links()
+    proc = launch(home, "local", "down", "--cluster", "gone")
+    assert proc.returncode == 0 and "1 node(s) were running" in proc.stdout
+    assert netns not in netns_list() and f" {bridge}:" not in links() and not Path(f"/proc/{pid}").exists()
+    assert not (home / "clusters" / "gone").exists()
+
+
+def test_the_plan_names_the_stacks_mount_point():
+    from infra.layout import FSX_MOUNT_POINT
+
+    assert plan.SHARED_MOUNT == FSX_MOUNT_POINT
