@@ -60,3 +60,15 @@ def test_resized_shards_lift_an_input_bound_shape():
 def test_benchmarks_page_has_the_current_table():
     assert render_loader() in DOC.read_text(), "update docs/benchmarks.md with `.venv/bin/python -m " \
                                                "launcher.cost.validation --loader`"
+
+
+def test_each_shape_says_what_bounds_it_and_what_would_change_it():
+    seed000 = estimate(get("p3.16xlarge"), 8, imagenet(90))
+    assert seed000.bound == "network-bound"
+    assert "worker network (TCP)" in seed000.advice and "an EFA type" in seed000.advice
+    assert "--fp16-allreduce" in seed000.advice
+    assert "--fp16-allreduce" not in estimate(get("p3.16xlarge"), 8, imagenet(90, fp16_allreduce=True)).advice
+    assert estimate(get("p4d.24xlarge"), 8, imagenet(90)).bound == "compute-bound"
+    assert estimate(get("p3.16xlarge"), 1, imagenet(90)).bound == "compute-bound"  # one node: nothing to wait on
+    tier = estimate(get("p3.16xlarge"), 8, imagenet(90), strategy="ps", tier_nodes=1)
+    assert tier.bound == "network-bound" and "more reducer or server nodes" in tier.advice

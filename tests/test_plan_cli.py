@@ -210,7 +210,7 @@ def test_plan_prints_tables_without_json(tmp_path, monkeypatch, capsys):
     code, out, err = launch_plan(["--nodes", "8", "--instance-type", "p3.16xlarge"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
     assert out.startswith("plan: 8 x p3.16xlarge, 64 rank(s), Horovod ring allreduce, on-demand")
-    for text in ("41,408 img/s, 90.9% scaling", "compute-bound: the GPUs set the pace",
+    for text in ("41,408 img/s, 90.9% scaling", "network-bound: 9% of each step waits on worker network (TCP)",
                  f"mpirun: {paths.MPIRUN} --prefix {paths.MPI_PREFIX} -np 64",
                  "hostfile:\nnode0 slots=8",
                  "lr: 0.001 at epoch 0, peak 6.4 at epoch 10, 0 at epoch 90", "time to train"):

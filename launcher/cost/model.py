@@ -58,6 +58,9 @@ from launcher.plans import loading
 __all__ = ["Estimate", "compare", "default_tier_nodes", "estimate", "model_notes", "node_efficiency"]
 
 _TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
+# A multi-node shape is network-bound when at least this share of each step waits on communication (seed 000's
+# 8 x p3.16xlarge on 25 Gbps TCP: 9%).
+NETWORK_BOUND_SHARE = 0.05
 
 
 class Estimate(BaseModel):
@@ -191,7 +194,7 @@ def _verdict(instance: InstanceType, nodes: int, strategy: str, bottleneck: str,
         return "input-bound", (f"input-bound: the loader decodes {loader_ceiling:,.0f} img/s of the {demand:,.0f} the "
                                f"GPUs would take; what would change it: {' or '.join(fixes)}")
     share = exposed_s / step_s
-    if nodes > 1 and share >= 0.10:
+    if nodes > 1 and share >= NETWORK_BOUND_SHARE:
         fixes = []
         if "TCP" in limited_by and strategy == "horovod":
             fixes.append("an EFA type (p4d.24xlarge: 4 EFA, 400 Gbps; p5.48xlarge: 32, 3,200 Gbps)")
