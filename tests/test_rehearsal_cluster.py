@@ -60,6 +60,16 @@ def test_each_node_is_a_machine_with_its_own_hostname_and_address(home):
     seen = on_nodes(home, "hostname; ip -4 -o addr show eth0 | awk '{print $4}'")
     for name, address in addresses.items():
         assert seen[name].splitlines() == [name, f"{address}/24"]
+    # each node made its own host keys at boot (none shared from the image), and those are what is pinned
+    pinned: dict[str, set[str]] = {}
+    for line in Path(state["known_hosts"]).read_text().splitlines():
+        host, kind, key = line.split()[:3]
+        pinned.setdefault(host, set()).add(f"{kind} {key}")
+    assert set(pinned) == set(addresses.values())
+    assert not pinned[addresses["node0"]] & pinned[addresses["node1"]]
+    own = on_nodes(home, "cat /etc/ssh/ssh_host_ed25519_key.pub | cut -d' ' -f1,2")
+    for name, address in addresses.items():
+        assert own[name] in pinned[address]
 
 
 def test_a_node_sees_neither_the_checkout_nor_the_launchers_python(home):
@@ -120,6 +130,7 @@ def test_a_subnet_in_use_is_refused_and_nothing_is_left_behind(home):
 
 
 def test_a_killed_node_is_its_namespace_going_away_and_replace_boots_it_from_the_image(home):
+    launch(home, "exec", "--", "touch /root/mine", check=True)
     state = cluster_state(home)
     pid = state["processes"]["node1"]
     inside = subprocess.run(["ip", "netns", "pids", state["rehearsal"]["netns"]["node1"]], capture_output=True,
@@ -135,6 +146,11 @@ def test_a_killed_node_is_its_namespace_going_away_and_replace_boots_it_from_the
     proc = launch(home, "local", "replace", "node1", timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert Path(state["known_hosts"]).read_text() != old_keys
+    after = cluster_state(home)
+    # a new instance, a new address: the old one is neither pinned nor used
+    old_address = next(n["address"] for n in state["nodes"] if n["name"] == "node1")
+    new_address = next(n["address"] for n in after["nodes"] if n["name"] == "node1")
+    assert new_address != old_address and old_address not in Path(state["known_hosts"]).read_text()
     seen = on_nodes(home, "test -e /root/mine && echo kept || echo fresh")
     assert seen == {"node0": "kept", "node1": "fresh"}
     # mpirun on node0 reaches the new node1 with the nodes' known_hosts, rewritten on every node

@@ -163,3 +163,10 @@ def test_missing_tools_and_root_are_one_line_naming_the_fix():
     with pytest.raises(LaunchError, match="need root.*--loopback"):
         plan.root_required(1000)
     plan.root_required(0)  # root: no error
+
+
+def test_a_replacement_gets_an_address_no_node_has_had():
+    assert plan.replacement_address("10.213.0.0/24", {"10.213.0.2", "10.213.0.3"}) == "10.213.0.4"
+    assert plan.replacement_address("10.213.0.0/28", {"10.213.0.2", "10.213.0.4"}) == "10.213.0.3"
+    with pytest.raises(LaunchError, match="no address left"):
+        plan.replacement_address("10.213.0.0/28", {f"10.213.0.{i}" for i in range(2, 15)})

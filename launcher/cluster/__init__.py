@@ -77,6 +77,7 @@ class RehearsalInfo(BaseModel):
     shared_host: str                         # the shared directory on this machine ...
     shared_mount: str                        # ... and where every node sees it (where the stack mounts FSx)
     layers: list[str]                        # the root's overlay lower directories, top first
+    addresses_used: list[str] = []           # every address a node has had (a replacement gets a new one)
 
 
 class Cluster(BaseModel):

@@ -13,6 +13,7 @@ made, so `down` removes exactly that, after a crash too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import getpass
 import json
 import os
@@ -90,13 +91,15 @@ def remove(d: Path) -> int:
     return running
 
 
-def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, shared: Path, user_pub: str
-               ) -> rh.Booted:
+def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, shared: Path, user_pub: str,
+               address: str | None = None) -> rh.Booted:
     node_dir = d / "nodes" / name
     if node_dir.exists():
         subprocess.run(["rm", "-rf", "--one-file-system", str(node_dir)], check=False)
     node_dir.mkdir(parents=True)
     net = netw.node(name)
+    if address:
+        net = dataclasses.replace(net, address=address)
     if rh.netns_exists(net.netns):
         raise LaunchError(f"network namespace {net.netns} already exists and is not this cluster's; remove it "
                           f"with `ip netns del {net.netns}` or give the cluster another --name")
@@ -183,20 +186,27 @@ def replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, list
     rh.check_host()
     layers = rh.ensure_root()
     netw = plan.network(cluster.name, cluster.names(), cluster.rehearsal.subnet)
-    keys = {n.name: [] for n in cluster.nodes}
+    keys: dict[str, list[str]] = {n.name: [] for n in cluster.nodes}
     for line in Path(cluster.known_hosts).read_text().splitlines():
         parts = line.split()
         for n in cluster.nodes:
-            if len(parts) >= 3 and n.address in parts[0].split(","):
+            if len(parts) >= 3 and n.address in parts[0].split(",") and n.name not in names:
                 keys[n.name].append(f"{parts[1]} {parts[2]}")
     user_pub = (d / "id_ed25519.pub").read_text() + (d / "node_ed25519.pub").read_text()
     pids = dict(cluster.processes)
+    taken = set(cluster.rehearsal.addresses_used) | {n.address for n in cluster.nodes}
+    addresses = {n.name: n.address for n in cluster.nodes}
     for name in names:
         net = netw.node(name)
         rh.remove_node_net(net.netns, net.veth)
-        b = _boot_node(d, netw, name, layers, Path(cluster.rehearsal.shared_host), user_pub)
+        addresses[name] = plan.replacement_address(cluster.rehearsal.subnet, taken)
+        taken.add(addresses[name])
+        b = _boot_node(d, netw, name, layers, Path(cluster.rehearsal.shared_host), user_pub, addresses[name])
         keys[name], pids[name] = b.host_keys, b.pid
-    new = cluster.model_copy(update={"processes": pids})
+    new = cluster.model_copy(update={
+        "processes": pids,
+        "nodes": [n.model_copy(update={"address": addresses[n.name]}) for n in cluster.nodes],
+        "rehearsal": cluster.rehearsal.model_copy(update={"addresses_used": sorted(taken)})})
     _access_files(new, keys)
     save(new)
     _install_access(new)

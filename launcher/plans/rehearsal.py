@@ -157,6 +157,18 @@ def network(cluster: str, names: list[str], subnet: str = DEFAULT_SUBNET, *, slo
     return Network(f"st{t}br", str(net), str(hosts[0]), net.prefixlen, nodes)
 
 
+def replacement_address(subnet: str, taken: set[str]) -> str:
+    """A replaced node's new address: the first of the subnet that no node has had in this cluster's life. An Auto
+    Scaling replacement is a new instance with a new private address, and the other nodes must learn it from the
+    rewritten ssh_config and known_hosts, not find the old one answering (nor an old ARP entry pointing nowhere)."""
+    net = parse_subnet(subnet)
+    for host in list(net.hosts())[1:]:
+        if str(host) not in taken:
+            return str(host)
+    raise LaunchError(f"--subnet {subnet} has no address left for a replacement; bring the cluster up again "
+                      f"with a larger --subnet")
+
+
 def overlapping(subnet: str, routes: list[str]) -> list[str]:
     """Which of the host's routed networks (``ip route`` destinations) overlap ``subnet``."""
     net = ipaddress.IPv4Network(subnet)
@@ -232,7 +244,13 @@ def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merge
         "rmdir /.oldroot",
         f"echo {q(node)} > /etc/hostname",
         "export PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+        # A node's host keys are its own, made at its first boot: cloud-init deletes any the image carries and makes
+        # new ones (cc_ssh, ``ssh_deletekeys``: "prevents re-use of a private host key from an image with keys",
+        # https://cloudinit.readthedocs.io/en/latest/reference/modules.html#ssh). Debian's openssh-server package
+        # made a set when the root was built; without this every node would present the same keys.
+        "test -e /etc/ssh/.scaletrain-node-keys || rm -f /etc/ssh/ssh_host_*",
         "ssh-keygen -A >/dev/null",
+        "touch /etc/ssh/.scaletrain-node-keys",
         f"echo {q(HOST_KEYS_BEGIN)}",
         "cat /etc/ssh/ssh_host_ed25519_key.pub /etc/ssh/ssh_host_ecdsa_key.pub",
         f"echo {q(HOST_KEYS_END)}",

@@ -28,7 +28,9 @@ umount -l /.oldroot
 rmdir /.oldroot
 echo node1 > /etc/hostname
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+test -e /etc/ssh/.scaletrain-node-keys || rm -f /etc/ssh/ssh_host_*
 ssh-keygen -A >/dev/null
+touch /etc/ssh/.scaletrain-node-keys
 echo '-----BEGIN SSH HOST KEY KEYS-----'
 cat /etc/ssh/ssh_host_ed25519_key.pub /etc/ssh/ssh_host_ecdsa_key.pub
 echo '-----END SSH HOST KEY KEYS-----'
