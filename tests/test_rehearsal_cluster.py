@@ -60,6 +60,7 @@ def test_each_node_is_a_machine_with_its_own_hostname_and_address(home):
     seen = on_nodes(home, "hostname; ip -4 -o addr show eth0 | awk '{print $4}'")
     for name, address in addresses.items():
         assert seen[name].splitlines() == [name, f"{address}/24"]
+    assert state["rehearsal"]["subnet"].startswith("10.213.")
     # each node made its own host keys at boot (none shared from the image), and those are what is pinned
     pinned: dict[str, set[str]] = {}
     for line in Path(state["known_hosts"]).read_text().splitlines():
@@ -123,8 +124,9 @@ def test_data_the_launcher_made_locally_and_did_not_ship_fails_the_run(home, tmp
 
 def test_a_subnet_in_use_is_refused_and_nothing_is_left_behind(home):
     before_ns, before_links = netns_list(), links()
-    proc = launch(home, "local", "up", "--nodes", "1", "--name", "other", "--subnet", "10.213.0.0/24", timeout=600)
-    assert_one_line_error(proc, "--subnet 10.213.0.0/24 overlaps 10.213.0.0/24", "choose a free private subnet")
+    used = cluster_state(home)["rehearsal"]["subnet"]
+    proc = launch(home, "local", "up", "--nodes", "1", "--name", "other", "--subnet", used, timeout=600)
+    assert_one_line_error(proc, f"--subnet {used} overlaps {used}", "choose a free private subnet")
     assert netns_list() == before_ns and links().count("\n") == before_links.count("\n")
     assert not (home / "clusters" / "other").exists()
 
@@ -160,8 +162,7 @@ def test_a_killed_node_is_its_namespace_going_away_and_replace_boots_it_from_the
 
 def test_down_removes_namespaces_bridge_and_processes(tmp_path):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--nodes", "1", "--name", "gone", "--subnet", "10.213.9.0/24", check=True,
-           timeout=3600)
+    launch(home, "local", "up", "--nodes", "1", "--name", "gone", check=True, timeout=3600)
     state = cluster_state(home, "gone")
     netns, bridge = state["rehearsal"]["netns"]["node0"], state["rehearsal"]["bridge"]
     pid = state["processes"]["node0"]

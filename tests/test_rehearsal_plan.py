@@ -107,7 +107,7 @@ def test_the_network_gives_each_node_its_own_address_and_short_interface_names()
     names = [netw.bridge, *(n.veth for n in netw.nodes)]
     assert all(len(n) <= 15 for n in names) and len(set(names)) == len(names)  # IFNAMSIZ
     assert len({n.netns for n in netw.nodes}) == 3
-    other = plan.network("other", ["node0"], "10.214.0.0/24")
+    other = plan.network("/elsewhere/clusters/local", ["node0"], "10.214.0.0/24")
     assert other.bridge != netw.bridge and other.nodes[0].netns != netw.nodes[0].netns
 
 
@@ -170,3 +170,10 @@ def test_a_replacement_gets_an_address_no_node_has_had():
     assert plan.replacement_address("10.213.0.0/28", {"10.213.0.2", "10.213.0.4"}) == "10.213.0.3"
     with pytest.raises(LaunchError, match="no address left"):
         plan.replacement_address("10.213.0.0/28", {f"10.213.0.{i}" for i in range(2, 15)})
+
+
+def test_the_default_subnet_is_the_first_one_nothing_routes():
+    assert plan.free_subnet(["default", "172.17.0.0/16"]) == "10.213.0.0/24"
+    assert plan.free_subnet(["10.213.0.0/24", "10.213.1.0/24"]) == "10.213.2.0/24"
+    with pytest.raises(LaunchError, match="choose a free private subnet with --subnet"):
+        plan.free_subnet(["10.213.0.0/16"])

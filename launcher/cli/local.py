@@ -18,7 +18,7 @@ def local_up(nodes: int = typer.Option(2, "--nodes", help="Worker nodes."),
              reducers: int = typer.Option(0, "--reducers", help="Reducer nodes (CPU-only role)."),
              name: str = typer.Option(local.LOCAL, "--name", help="Cluster name."),
              subnet: str = typer.Option(None, "--subnet",
-                                        help="Rehearsal nodes' private network; default 10.213.0.0/24."),
+                                        help="Rehearsal nodes' network; default: the first free 10.213.N.0/24."),
              loopback: bool = typer.Option(False, "--loopback",
                                            help="sshd processes on 127.0.0.1 sharing this machine's files, "
                                                 "instead of rehearsal nodes (no root needed; no isolation)."),

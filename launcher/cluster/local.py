@@ -225,7 +225,7 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
             if old is not None and old.rehearsal is None:
                 _stop_pids(_recorded_pids(d, old), d)
             local_rehearsal.clean(d)
-        return local_rehearsal.up(nodes, reducers, name, subnet or local_rehearsal.plan.DEFAULT_SUBNET)
+        return local_rehearsal.up(nodes, reducers, name, subnet)
     _check_tools()
     mpirun = local_mpirun()
 

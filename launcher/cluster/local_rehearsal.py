@@ -130,15 +130,16 @@ def _install_access(c: Cluster) -> None:
     awsrun.install_node_access(c)
 
 
-def up(nodes: int, reducers: int, name: str, subnet: str = plan.DEFAULT_SUBNET) -> Cluster:
+def up(nodes: int, reducers: int, name: str, subnet: str | None = None) -> Cluster:
     from launcher.cluster.local import cpus_per_node, node_names
 
     rh.check_host()
-    plan.parse_subnet(subnet)
+    if subnet is not None:
+        plan.parse_subnet(subnet)
     roles = node_names(nodes, reducers)
-    netw = plan.network(name, [n for n, _ in roles], subnet)
     layers = rh.ensure_root()
     d = cluster_dir(name)
+    netw = plan.network(str(d.resolve()), [n for n, _ in roles], subnet or plan.free_subnet(rh.host_routes()))
     d.mkdir(parents=True, mode=0o700)
     try:
         user = getpass.getuser()
@@ -185,7 +186,10 @@ def replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, list
     d = cluster_dir(cluster.name)
     rh.check_host()
     layers = rh.ensure_root()
-    netw = plan.network(cluster.name, cluster.names(), cluster.rehearsal.subnet)
+    info = cluster.rehearsal
+    net = plan.parse_subnet(info.subnet)
+    netw = plan.Network(info.bridge, info.subnet, info.gateway, net.prefixlen,
+                        [plan.NodeNet(n.name, info.netns[n.name], info.veth[n.name], n.address) for n in cluster.nodes])
     keys: dict[str, list[str]] = {n.name: [] for n in cluster.nodes}
     for line in Path(cluster.known_hosts).read_text().splitlines():
         parts = line.split()

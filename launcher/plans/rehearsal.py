@@ -43,7 +43,7 @@ NODE_HOME = "/root"
 NODE_WORKDIR = f"{NODE_HOME}/scaletrain"
 NODE_STATE = f"{NODE_HOME}/.scaletrain/cluster"  # the nodes' ssh files, as discovery's NODE_STATE on AWS
 NODE_INTERFACE = "eth0"
-DEFAULT_SUBNET = "10.213.0.0/24"
+DEFAULT_SUBNET = "10.213.0.0/24"     # the first free 10.213.N.0/24 is taken when --subnet is not given
 SCRIPT_DIR = paths.SCRIPT_DIR            # where the image keeps its component scripts
 BUILD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -128,9 +128,9 @@ class Network:
         return next(n for n in self.nodes if n.name == name)
 
 
-def tag(cluster: str) -> str:
-    """A short, stable tag of a cluster name for interface names (IFNAMSIZ: at most 15 characters)."""
-    return hashlib.sha256(cluster.encode()).hexdigest()[:5]
+def tag(key: str) -> str:
+    """A short, stable tag of a cluster's key for interface names (IFNAMSIZ: at most 15 characters)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:5]
 
 
 def parse_subnet(subnet: str) -> ipaddress.IPv4Network:
@@ -144,15 +144,25 @@ def parse_subnet(subnet: str) -> ipaddress.IPv4Network:
     return net
 
 
-def network(cluster: str, names: list[str], subnet: str = DEFAULT_SUBNET, *, slot: int = 0) -> Network:
+def free_subnet(routes: list[str]) -> str:
+    """The default subnet: the first 10.213.N.0/24 that no route of this machine overlaps (another rehearsal
+    cluster's bridge included), so that two clusters, or two users' clusters, do not collide."""
+    for n in range(256):
+        candidate = f"10.213.{n}.0/24"
+        if not overlapping(candidate, routes):
+            return candidate
+    raise LaunchError("every 10.213.N.0/24 is routed on this machine; choose a free private subnet with --subnet")
+
+
+def network(key: str, names: list[str], subnet: str = DEFAULT_SUBNET) -> Network:
     """The bridge, the gateway (the bridge's own address, first in the subnet) and one address per node after it.
-    ``slot``: a node's replacement gets a new veth name (the old one may still be going away)."""
+    ``key``: what makes the cluster unique on this machine (its state directory), for interface names."""
     net = parse_subnet(subnet)
     hosts = list(net.hosts())
     if len(names) + 1 > len(hosts):
         raise LaunchError(f"--subnet {subnet} has room for {len(hosts) - 1} nodes, not {len(names)}; "
                           f"choose a larger one")
-    t = tag(cluster)
+    t = tag(key)
     nodes = [NodeNet(name, f"st-{t}-{name}", f"st{t}v{i}", str(hosts[i + 1])) for i, name in enumerate(names)]
     return Network(f"st{t}br", str(net), str(hosts[0]), net.prefixlen, nodes)
 
