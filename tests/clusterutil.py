@@ -1,14 +1,20 @@
-"""Helpers for tests that run the real `launch` CLI against real sshd processes on loopback."""
+"""Helpers for tests that run the real `launch` CLI against a real local cluster: rehearsal nodes (each its own network
+namespace, hostname and root built by the image recipe, sharing only /fsx with this machine), or `--loopback` sshd
+processes where a test is about that mode."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,19 +91,74 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill_node(home: Path, node: str, name: str = "local") -> list[int]:
-    """SIGKILL a local node's sshd and everything under it at once, as when a spot instance is reclaimed.
-    Returns the pids killed."""
-    sshd = cluster_state(home, name)["processes"][node]
-    victims = [*descendants(sshd), sshd]
-    for pid in victims:
+    """End a local node at once, as when a spot instance is reclaimed: a rehearsal node's first process (unshare;
+    its namespaces go away with every process in them), a loopback node's sshd and everything under it. Returns the
+    node's processes, all gone."""
+    state = cluster_state(home, name)
+    first = state["processes"][node]
+    victims = [*descendants(first), first]
+    for pid in [first] if state.get("rehearsal") else victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in victims) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(p) for p in victims), f"{node} still has processes after SIGKILL"
     return victims
+
+
+# Where the tests put the tiny shards on the nodes: on shared storage, as an upload to FSx leaves them.
+SHARDS = "/fsx/scaletrain/shards"
+
+
+def up(home: Path, *args: str) -> dict:
+    """`launch local up ARGS` on rehearsal nodes (a first run builds their root: minutes); the cluster's state."""
+    proc = launch(home, "local", "up", *args, timeout=3600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    name = args[args.index("--name") + 1] if "--name" in args else "local"
+    return cluster_state(home, name)
+
+
+def on_host(home: Path, node_path: str, name: str = "local") -> Path:
+    """Where a path on the nodes' shared storage (/fsx/...) is on this machine."""
+    rehearsal = cluster_state(home, name)["rehearsal"]
+    mount = rehearsal["shared_mount"]
+    assert node_path.startswith(mount + "/"), f"{node_path} is not on the nodes' shared storage {mount}"
+    return Path(rehearsal["shared_host"]) / node_path[len(mount) + 1:]
+
+
+def put_on_shared(home: Path, local_dir: Path, node_path: str, name: str = "local") -> str:
+    """Copy a directory made on this machine to the cluster's shared storage (an upload to FSx); its path on the
+    nodes."""
+    shutil.copytree(local_dir, on_host(home, node_path, name))
+    return node_path
+
+
+def node_run(label: str) -> str:
+    """A run directory on the nodes' shared storage, unique to one test."""
+    return f"/fsx/scaletrain/runs/{label}"
+
+
+@contextlib.contextmanager
+def rehearsal_cluster_with_shards(root: Path, *up_args: str):
+    """A rehearsal cluster under root/home (`launch local up UP_ARGS`, default 2 nodes) with the tiny shards on its
+    shared storage at SHARDS, for a module of tests; down afterwards. Yields (root, home)."""
+    home = root / "home"
+    up(home, *(up_args or ("--nodes", "2")))
+    try:
+        put_on_shared(home, tiny_shards(home, root), SHARDS)
+        yield root, home
+    finally:
+        launch(home, "local", "down")
+
+
+# Rehearsal nodes are namespaces, mounts and a bridge: root only (tests/test_rehearsal_cluster.py does the same).
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="rehearsal nodes need root (namespaces, mounts)")
 
 
 @contextlib.contextmanager
 def local_cluster_with_shards(root: Path, nodes: int = 2):
-    """A local cluster under root/home and the tiny shards under root, for a module of tests; down afterwards."""
+    """A --loopback cluster under root/home and the tiny shards under root; down afterwards."""
     home = root / "home"
     launch(home, "local", "up", "--loopback", "--nodes", str(nodes), check=True)
     try:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from clusterutil import assert_one_line_error, cluster_state, launch
+from clusterutil import assert_one_line_error, cluster_state, launch, needs_root, up
 
 from ami import paths
 from infra import catalog
@@ -154,23 +154,45 @@ def test_a_node_whose_group_is_on_tcp_needs_no_efa() -> None:
     assert by_name(doctor.evaluate_aws(probes, P4D, storage="auto", efa_devices=4))["efa devices"].failed
 
 
+def test_a_rehearsal_nodes_shared_storage_must_be_a_writable_mount(tmp_path) -> None:
+    import subprocess
+
+    def probed(mount: str) -> doctor.Check:
+        script = doctor.probe_script("local", "/venv/bin/python", "/usr/bin/mpirun", shared_mount=mount)
+        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout
+        return doctor.check_shared_mount(doctor.parse_probes(out)["shared-mount"], mount)
+
+    # A directory is not a mount: a node whose /fsx was never mounted writes to its own disk, which no node shares.
+    assert probed(str(tmp_path)) == doctor.fail("shared storage", f"nothing mounted at {tmp_path}")
+    assert doctor.check_shared_mount(doctor.Probe("/fsx\ntouch: cannot touch '/fsx/.d': Read-only file system\n", 1),
+                                     "/fsx").detail == "/fsx is not writable: touch: cannot touch '/fsx/.d': " \
+                                                       "Read-only file system"
+    assert "shared-mount" not in doctor.probe_script("local", "/venv/bin/python", "/usr/bin/mpirun")
+    local = by_name(doctor.evaluate_local({}, "/venv/bin/python"))
+    assert local["shared storage"].status == "skip"  # loopback nodes share this machine's file system
+    checks = by_name(doctor.evaluate_local({"shared-mount": doctor.Probe("/fsx\nwritable /fsx\n", 0)},
+                                           "/venv/bin/python", shared_mount="/fsx"))
+    assert checks["shared storage"] == doctor.ok("shared storage", "/fsx mounted, writable")
+
+
 def test_bad_storage_choice() -> None:
     with pytest.raises(ValueError, match="--storage must be one of auto, fsx, beegfs, none"):
         doctor.check_storage(Probe("", 0), Probe("", 0), "nfs")
 
 
-# --- For real, on a 2-node local cluster ----------------------------------------------------------------------------
+# --- For real, on a 2-node rehearsal cluster (each node its own machine, sharing only /fsx) ---------------------------
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     home = tmp_path_factory.mktemp("doctor") / "home"
-    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
+    up(home, "--nodes", "2")
     yield home
     launch(home, "local", "down")
 
 
 @pytest.mark.cluster
+@needs_root
 def test_doctor_on_the_local_cluster(cluster) -> None:
     proc = launch(cluster, "doctor")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -178,16 +200,19 @@ def test_doctor_on_the_local_cluster(cluster) -> None:
     cells = [[c.strip() for c in ln.strip("│").split("│")] for ln in rows]
     status = {(c[0], c[1]): c[2] for c in cells if len(c) == 4 and c[0]}
     for node in ("node0", "node1"):
-        for check in ("mpi", "horovod", "workdir", "clock"):
+        for check in ("mpi", "horovod", "workdir", "clock", "shared storage"):
             assert status[(node, check)] == "ok", proc.stdout
-        for check in ("gpus", "driver/cuda", "efa devices", "libfabric efa", "nccl", "shared storage"):
+        for check in ("gpus", "driver/cuda", "efa devices", "libfabric efa", "nccl"):
             assert status[(node, check)] == "skip", proc.stdout
     assert status[("all nodes", "mpirun across nodes")] == "ok"
+    # mpirun from the image's prefix on node0 started a rank on each node, which named itself
     assert "2 ranks, one on each of node0, node1" in proc.stdout
+    assert "/fsx mounted, writable" in proc.stdout
     assert "the local cluster has no GPUs" in proc.stdout and "0 failed" in proc.stdout
 
 
 @pytest.mark.cluster
+@needs_root
 def test_doctor_names_the_broken_node(cluster) -> None:
     state_file = cluster / "clusters" / "local" / "cluster.json"
     good = state_file.read_text()
@@ -204,5 +229,6 @@ def test_doctor_names_the_broken_node(cluster) -> None:
 
 
 @pytest.mark.cluster
+@needs_root
 def test_doctor_bad_storage_option(cluster) -> None:
     assert_one_line_error(launch(cluster, "doctor", "--storage", "nfs"), "--storage must be one of: auto, fsx")

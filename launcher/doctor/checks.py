@@ -71,12 +71,13 @@ def _probe(name: str, command: str) -> str:
     return f'echo "{_MARK} begin {name}"; ( {command} ) 2>&1; echo "{_MARK} end {name} $?"'
 
 
-def probe_script(backend: Literal["local", "aws"], python: str, mpirun: str) -> str:
+def probe_script(backend: Literal["local", "aws"], python: str, mpirun: str, *, shared_mount: str | None = None) -> str:
     """The shell line that gathers every probe on a node (run by every node at once, same text for all).
 
     Every program of the image is named by its absolute path (ami/paths.py), and on AWS the image's directories are
     put on PATH and LD_LIBRARY_PATH first: the launcher's non-interactive, non-login SSH shell reads none of
-    /etc/profile.d, where the image (and the EFA installer) put them for people who log in."""
+    /etc/profile.d, where the image (and the EFA installer) put them for people who log in. ``shared_mount``: the
+    local rehearsal nodes' shared storage (where the stack mounts FSx), checked mounted and writable."""
     py = shlex.quote(python)
     venv_bin = shlex.quote(python.rsplit("/", 1)[0]) if "/" in python else "."
     common = [
@@ -103,6 +104,10 @@ def probe_script(backend: Literal["local", "aws"], python: str, mpirun: str) -> 
                           'else echo "read-only $m"; fi; done'),
         ("image", f"cat {paths.IMAGE_ENV_FILE}"),
     ]
+    if shared_mount:
+        m = shlex.quote(shared_mount)
+        common.append(("shared-mount", f'findmnt -n -o TARGET --mountpoint {m} && f={m}/.doctor-"$(hostname)-$$" '
+                                       f'&& touch "$f" && rm -f "$f" && echo "writable {shared_mount}"'))
     path = paths.path_export() if backend == "aws" else ""
     probes = common + (aws if backend == "aws" else [])
     return path + "; ".join(_probe(n, c) for n, c in probes)
@@ -334,6 +339,17 @@ def check_mpirun(probe: Probe) -> Check:
     return ok(name, f"Open MPI {found.group(1)}")
 
 
+def check_shared_mount(probe: Probe, mount: str) -> Check:
+    """A rehearsal node's shared storage: a mount point of its own at ``mount``, writable (the only path it shares
+    with the launcher's machine and the other nodes; runs and data live there)."""
+    name = "shared storage"
+    if probe.rc != 0 and not probe.output.strip():
+        return fail(name, f"nothing mounted at {mount}")
+    if probe.rc != 0 or f"writable {mount}" not in probe.output:
+        return fail(name, f"{mount} is not writable: {_last_line(probe.output)}")
+    return ok(name, f"{mount} mounted, writable")
+
+
 def check_workdir(probe: Probe) -> Check:
     name = "workdir"
     if probe.rc != 0:
@@ -440,8 +456,8 @@ _MISSING = Probe("probe did not run", 127)
 LOCAL_SKIPPED = (
     ("gpus", "the local cluster has no GPUs"),
     ("driver/cuda", "no GPUs, so no NVIDIA driver or CUDA to check"),
-    ("efa devices", "no EFA on loopback"),
-    ("libfabric efa", "no EFA on loopback"),
+    ("efa devices", "no EFA on the local cluster"),
+    ("libfabric efa", "no EFA on the local cluster"),
     ("nccl", "CPU ranks use MPI and Gloo, not NCCL"),
     ("shared storage", "local nodes share the machine's file system"),
     ("nccl allreduce", "no GPUs; the MPI check runs instead"),
@@ -463,10 +479,15 @@ def evaluate_aws(probes: dict[str, Probe], instance: InstanceType, *, storage: s
     return checks
 
 
-def evaluate_local(probes: dict[str, Probe], python: str) -> list[Check]:
+def evaluate_local(probes: dict[str, Probe], python: str, *, shared_mount: str | None = None) -> list[Check]:
+    """``shared_mount``: rehearsal nodes' shared storage, checked (probe_script's ``shared-mount``); loopback nodes
+    share this machine's file system instead, and skip it."""
     p = lambda key: probes.get(key, _MISSING)  # noqa: E731
+    skipped = [skip(n, why) for n, why in LOCAL_SKIPPED if n != "nccl allreduce"
+               and not (shared_mount and n == "shared storage")]
+    storage = [check_shared_mount(p("shared-mount"), shared_mount)] if shared_mount else []
     return [check_mpirun(p("mpirun")), check_horovod_python(p("horovod-python"), python),
-            check_workdir(p("workdir"))] + [skip(n, why) for n, why in LOCAL_SKIPPED if n != "nccl allreduce"]
+            check_workdir(p("workdir"))] + skipped + storage
 
 
 def on_node(checks: list[Check], node: str) -> list[Check]:

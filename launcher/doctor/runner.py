@@ -38,7 +38,9 @@ def mpi_hello_argv(cluster: Cluster, nodes: list[Node], hostfile_path: str) -> l
     if cluster.mpi_interface:
         argv += ["--mca", "btl_tcp_if_include", cluster.mpi_interface, "--mca", "oob_tcp_if_include",
                  cluster.mpi_interface]
-    return argv + ["printenv", "SCALETRAIN_NODE"]
+    # A rehearsal node, like an EC2 instance, has its own hostname and no SCALETRAIN_NODE (only the loopback sshd
+    # sets it, its nodes sharing this machine's hostname): each rank names its node by whichever it has.
+    return argv + ["sh", "-c", 'echo "${SCALETRAIN_NODE:-$(hostname)}"']
 
 
 def nccl_test_argv(cluster: Cluster, nodes: list[Node], instance: catalog.InstanceType,
@@ -77,8 +79,9 @@ def diagnose(cluster: Cluster, *, storage: str = "auto") -> list[Check]:
         if not cluster.instance_type:
             raise LaunchError(f"cluster '{cluster.name}' records no instance type; rediscover it")
         instance = catalog.get(cluster.instance_type)
+    shared = cluster.rehearsal.shared_mount if cluster.rehearsal else None
     results = remote.run_all(cluster, cluster.nodes, doctor.probe_script(cluster.backend, cluster.python,
-                                                                          cluster.mpirun))
+                                                                          cluster.mpirun, shared_mount=shared))
     clocks = _clock(cluster, cluster.nodes)
     checks: list[Check] = []
     reachable = []
@@ -96,7 +99,7 @@ def diagnose(cluster: Cluster, *, storage: str = "auto") -> list[Check]:
                      doctor.check_storage(probes.get("storage", doctor.Probe("", 1)),
                                           probes.get("storage-write", doctor.Probe("", 1)), storage)]
         else:
-            found = doctor.evaluate_local(probes, cluster.python)
+            found = doctor.evaluate_local(probes, cluster.python, shared_mount=shared)
         checks += doctor.on_node(found + [clocks[node.name]], node.name)
 
     workers = [n for n in cluster.workers if n in reachable]
