@@ -237,19 +237,23 @@ def ensure_root(progress: Callable[[str], None] = say) -> Layers:
     wheel = horovod_wheel()
     in_root_wheel = f"/tmp/wheels/{wheel.name}" if wheel else None
     system_steps, project_step = plan.build_steps(versions, horovod_wheel=in_root_wheel)
-    scripts = _scripts([*system_steps, project_step])
+    scripts = _scripts([*system_steps, *([project_step] if project_step else [])])
     extra = {"wheel": wheel.read_bytes()[:1 << 20] + wheel.name.encode() if wheel else b""}
     sys_key = plan.digest(plan.system_inputs(system_steps, scripts, extra))
     archive = source_archive()
     proj_key = plan.digest({"system": sys_key.encode(), "source": archive,
-                            "step": scripts[project_step.script] + repr(sorted(project_step.env.items())).encode()})
+                            "step": scripts[project_step.script] + repr(sorted(project_step.env.items())).encode()
+                            if project_step else b"none"})
     cache = cache_root()
     system = cache / f"system-{sys_key}"
     project = cache / f"project-{proj_key}"
     if not system.is_dir():
         _build_system(system, system_steps, wheel, progress)
     if not project.is_dir():
-        _build_project(project, system, project_step, archive, progress)
+        if project_step is None:  # the recipe installs no project: an empty layer
+            (project / "upper").mkdir(parents=True)
+        else:
+            _build_project(project, system, project_step, archive, progress)
     _prune(cache, keep={system.name, project.name})
     return Layers(system / "root", project / "upper")
 

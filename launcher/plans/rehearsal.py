@@ -57,11 +57,12 @@ class Step:
     env: dict[str, str]
 
 
-def build_steps(versions: render.Versions, *, horovod_wheel: str | None = None) -> tuple[list[Step], Step]:
+def build_steps(versions: render.Versions, *, horovod_wheel: str | None = None) -> tuple[list[Step], Step | None]:
     """(the system layer's steps in recipe order, the project layer's step). Every component runs, the switch set;
     the stand-in runs right after the efa component it stands in for. ``horovod_wheel``: a path in the root of a
     wheel built from the same source with the same patch (scripts/build-horovod.sh), so that the build does not
-    compile Horovod again."""
+    compile Horovod again. A recipe without the project's component gives no project step: nodes without the
+    trainer, as the image would be."""
     system: list[Step] = []
     project: Step | None = None
     for component in render.components_for(versions, "ubuntu"):
@@ -79,7 +80,6 @@ def build_steps(versions: render.Versions, *, horovod_wheel: str | None = None) 
         system.append(step)
         if component.key == STANDIN_AFTER:
             system.append(Step(STANDIN, "rehearsal", {SWITCH: "1", "SCALETRAIN_MPI_PREFIX": paths.MPI_PREFIX}))
-    assert project is not None
     return system, project
 
 
