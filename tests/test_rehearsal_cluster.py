@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -138,7 +137,11 @@ def test_a_killed_node_is_its_namespace_going_away_and_replace_boots_it_from_the
     inside = subprocess.run(["ip", "netns", "pids", state["rehearsal"]["netns"]["node1"]], capture_output=True,
                             text=True).stdout.split()
     assert inside  # sshd and the node's init
-    os.kill(pid, signal.SIGKILL)
+    proc = launch(home, "local", "kill", "node1")
+    assert proc.returncode == 0 and "node1 of cluster 'local' killed" in proc.stdout, proc.stderr
+    assert not Path(f"/proc/{pid}").exists()
+    assert_one_line_error(launch(home, "local", "kill", "node1"), "node1 of cluster 'local' is not running",
+                          "launch local replace node1")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in inside):
         time.sleep(0.1)

@@ -64,6 +64,18 @@ def local_down(cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local
     console.print(f"cluster '{c.name}' is down ({stopped} node(s) were running)")
 
 
+@app.command("kill")
+def local_kill(node: str = typer.Argument(..., help="The node to stop, e.g. node1."),
+               cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local cluster name.")):
+    """Stop a node as a reclaimed spot instance stops: all its processes at once, no clean shutdown (for tests and
+    for rehearsing recovery; `launch local replace` boots it again)."""
+    c = clusters.load(cluster)
+    if c.backend != "local":
+        raise LaunchError(f"cluster '{c.name}' is an AWS cluster; `launch local kill` stops local nodes only")
+    local.kill(c, node)
+    console.print(f"{node} of cluster '{c.name}' killed (every process at once)")
+
+
 @app.command("replace")
 def local_replace(nodes: list[str] = typer.Argument(None, metavar="[NODE]...",
                                                      help="Nodes to replace; default: every node whose sshd died."),

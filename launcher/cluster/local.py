@@ -356,6 +356,43 @@ def replace(cluster: Cluster, requested: list[str]) -> tuple[Cluster, list[Repla
                  for n in names]
 
 
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
+def kill(cluster: Cluster, node: str) -> None:
+    """Stop one node as a reclaimed instance stops: every process at once, SIGKILL, no clean shutdown. A rehearsal
+    node's first process takes its PID namespace, and every process in it, with it; a loopback node's sshd and
+    everything under it are killed together. Its disk stays, as an instance's does until it is replaced."""
+    cluster.node(node)  # an unknown name is one line naming the nodes there are
+    if node not in running_nodes(cluster):
+        raise LaunchError(f"{node} of cluster '{cluster.name}' is not running; `launch local replace {node}` "
+                          f"boots it again")
+    pid = cluster.processes[node]
+    if cluster.rehearsal is not None:
+        from launcher.cluster import rehearsal
+
+        rehearsal.stop(pid)
+        return
+    for victim in [pid, *_descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
 def _recorded_pids(d: Path, cluster: Cluster | None) -> dict[str, int]:
     """Every sshd pid recorded for the cluster: per-node pid files (written as each node starts, so a crash
     mid-`up` leaves them) and the cluster's own record."""
