@@ -118,7 +118,14 @@ def mpirun_argv(cluster: Cluster, nodes: list[Node], spec: TrainSpec, hostfile_p
     if cluster.mpi_interface:
         argv += ["--mca", "btl_tcp_if_include", cluster.mpi_interface,
                  "--mca", "oob_tcp_if_include", cluster.mpi_interface]
-    for key, value in sorted((rank_env(cluster, nodes) | engine_env(spec, nodes)).items()):
+    env = rank_env(cluster, nodes) | engine_env(spec, nodes)
+    if spec.engine == "ddp" and cluster.mpi_interface:
+        # gloo binds to the address its host name resolves to, loopback when it resolves to nothing (a rehearsal
+        # node has no DNS for its name), and its peers then dial 127.0.0.1: name the interface, as the reducer tier
+        # does. "GLOO_SOCKET_IFNAME, for example export GLOO_SOCKET_IFNAME=eth0" (PyTorch, torch.distributed,
+        # "Choosing the network interface to use": https://pytorch.org/docs/stable/distributed.html).
+        env["GLOO_SOCKET_IFNAME"] = cluster.mpi_interface
+    for key, value in sorted(env.items()):
         argv += ["-x", f"{key}={value}"]
     return argv + trainer_argv(cluster.python, spec)
 
