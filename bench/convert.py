@@ -10,6 +10,10 @@ layout, plus a set of large originals (2000x1500). On one core (workers=1), in a
                        decode, antialiased bilinear on uint8, libjpeg-turbo encode: training.jpegresize)
   large originals      decode-only vs convert --resize 480 on the 2000x1500 set (reduced-DCT decoding)
 
+Then, with training.jpegresize's fast path installed, where a `--resize 256` image's time goes: its decode,
+resize and encode timed alone on the same files (and, for the record, the 3/4 decode simplejpeg would pick if
+asked for the target size), the rest of the converter (read, tar, sha256, write) being what is left.
+
 Prints the pass-through ratio, then `ratio=` last: `convert --resize 256` over decode-only (the goal is 0.8 or
 more; the resize path is training.jpegresize when simplejpeg and torch are installed, Pillow's otherwise).
 
@@ -24,6 +28,7 @@ import os
 import platform
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cputime import median_rates  # noqa: E402
 
+from training import jpegresize  # noqa: E402
 from training.convert import convert  # noqa: E402
+from training.shards import resized_size  # noqa: E402
 
 WIDTH, HEIGHT, QUALITY = 500, 375, 90
 
@@ -78,6 +85,26 @@ def decode_only(paths: list[Path]) -> int:
     return len(paths)
 
 
+def stages(paths: list[Path], resize: int) -> dict[str, Callable[[], int]]:
+    """training.jpegresize's steps, each alone, on the first 64 of ``paths`` (decoded and resized beforehand)."""
+    data = [p.read_bytes() for p in paths[:64]]
+    target = resized_size(WIDTH, HEIGHT, resize)
+    decoded = [jpegresize.decode(d, WIDTH, HEIGHT, target) for d in data]
+    resized = [jpegresize.resize(p, target) for p in decoded]
+    import simplejpeg  # installed: the caller checked jpegresize.available()
+
+    def each(fn, items):
+        return lambda: sum(1 for item in items if fn(item) is not None)
+
+    return {
+        "decode": each(lambda d: jpegresize.decode(d, WIDTH, HEIGHT, target), data),
+        "resize": each(lambda p: jpegresize.resize(p, target), decoded),
+        "encode": each(lambda p: jpegresize.encode(p, QUALITY), resized),
+        "decode at 3/4 (eighths)": each(lambda d: simplejpeg.decode_jpeg(
+            d, colorspace="RGB", fastdct=True, fastupsample=True, min_width=target[0], min_height=target[1]), data),
+    }
+
+
 def converting(src: Path, scratch: Path, **options) -> int:
     out = Path(tempfile.mkdtemp(dir=scratch))  # a fresh directory: nothing to resume
     manifest = convert(src, out, shard_size=64, workers=1, **options)
@@ -104,7 +131,8 @@ def main() -> None:
             "large: convert --resize 480": lambda: converting(root / "large", root / "scratch", resize=480,
                                                               quality=QUALITY),
         }
-        rate = median_rates(candidates, args.rounds)
+        steps = stages(paths, 256) if jpegresize.available() else {}
+        rate = median_rates({**candidates, **steps}, args.rounds)  # the steps in the same interleaved rounds
         kib = sum(p.stat().st_size for p in paths) / len(paths) / 1024
         large_kib = sum(p.stat().st_size for p in large) / len(large) / 1024
 
@@ -114,6 +142,13 @@ def main() -> None:
     for name in candidates:
         base = rate["large: decode-only" if name.startswith("large") else "decode-only"]
         print(f"  {name:<28} {rate[name]:7.0f} img/s  x{rate[name] / base:4.2f} of decode-only")
+    if steps:
+        ms = {name: 1000 / rate[name] for name in steps}
+        total = 1000 / rate["convert --resize 256"]
+        rest = total - ms["decode"] - ms["resize"] - ms["encode"]
+        print(f"per image, ms of CPU: decode-only {1000 / rate['decode-only']:.2f}; convert --resize 256 {total:.2f} = "
+              f"decode {ms['decode']:.2f} + resize {ms['resize']:.2f} + encode {ms['encode']:.2f} + the rest "
+              f"{rest:.2f} (read, tar, sha256, write); a 3/4 decode instead: {ms['decode at 3/4 (eighths)']:.2f}")
     print(f"pass-through: convert / decode-only = {rate['convert'] / rate['decode-only']:.2f}")
     print(f"ratio={rate['convert --resize 256'] / rate['decode-only']:.2f}")
 

@@ -361,6 +361,25 @@ def test_fast_resize_hits_the_size_and_looks_like_a_full_decode_then_resize(size
     assert abs(fast.mean() - reference.mean()) < 1  # no brightness or colour shift
 
 
+@pytest.mark.parametrize(("size", "decoded"), [((500, 375), (500, 375)), ((1200, 900), (600, 450))])
+def test_fast_resize_decodes_at_power_of_two_scales_only(monkeypatch, size, decoded):
+    """Asked for the target size, simplejpeg would decode at libjpeg-turbo's smallest scale in eighths that covers
+    it (3/4 of 500x375, 3/8 of 1200x900), which has no SIMD IDCT and runs slower than full size (bench/convert.py
+    prints both); the fast path asks for the power-of-two size instead."""
+    import simplejpeg
+
+    shapes, decode_jpeg = [], simplejpeg.decode_jpeg
+
+    def spy(data, **options):
+        pixels = decode_jpeg(data, **options)
+        shapes.append((pixels.shape[1], pixels.shape[0]))
+        return pixels
+
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", spy)
+    data, reason = prepare_image(encode(photo(1, *size), quality=90), Encoding(resize=256, quality=90))
+    assert reason is None and shapes == [decoded]
+
+
 def test_resize_without_the_fast_path_takes_pillows(monkeypatch):
     from training import jpegresize
 

@@ -6,8 +6,9 @@ shorter side on one core: Pillow's decode + bicubic resize + encode ran at 0.29x
 
 - decode: libjpeg-turbo through simplejpeg, at the largest power-of-two DCT reduction (1/2, 1/4, 1/8) that still
   leaves at least the target size, with its fast integer IDCT and plain chroma upsampling. The 4:2:0 chroma is
-  subsampled again on encode, so the finer upsampling would be thrown away. Non-power-of-two factors (3/4, 5/8)
-  are left out: libjpeg-turbo has no SIMD for them and they decode slower than full size (training.transforms).
+  subsampled again on encode, so the finer upsampling would be thrown away. libjpeg-turbo's other scaling factors
+  (eighths: 7/8, 3/4, 5/8, 3/8) are left out: it has no SIMD for them and they decode slower than full size
+  (:func:`decode` has the figures).
 - resize: bilinear with antialiasing (Pillow's and torchvision's sense: the filter widens with the reduction, so a
   shrink averages every source pixel), on uint8 HWC with torch's AVX2 kernel, written straight into the HWC
   buffer the encoder reads (no NCHW round trip).
@@ -23,7 +24,7 @@ from functools import cache
 
 import numpy as np
 
-__all__ = ["available", "encoder", "jpeg_size", "power_of_two_reduction", "shrink"]
+__all__ = ["available", "decode", "encode", "encoder", "jpeg_size", "power_of_two_reduction", "resize", "shrink"]
 
 DCT_REDUCTIONS = (8, 4, 2)
 
@@ -73,21 +74,41 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return (width, height) if colorspace in ("YCbCr", "RGB", "Gray") else None
 
 
-def shrink(data: bytes, width: int, height: int, target: tuple[int, int], quality: int) -> bytes | None:
-    """``data`` (an RGB or grayscale JPEG of ``width`` x ``height``) as a JPEG of exactly ``target``, or None."""
-    mods = _modules()
-    if mods is None:
-        return None
-    simplejpeg, torch = mods
+def decode(data: bytes, width: int, height: int, target: tuple[int, int]) -> np.ndarray | None:
+    """RGB HWC uint8 at the power-of-two reduction of ``width`` x ``height`` that still covers ``target``, or None.
+
+    simplejpeg's min_width/min_height pick the smallest of all libjpeg-turbo's scaling factors, eighths included
+    (for 500x375 to 256: 3/4), so they are given the power-of-two size, not the target: on the 500x375 q90
+    images of bench/convert.py the 3/4 decode took 2.4 ms against 1.7 ms at full size (its 6x6 IDCT is plain C),
+    more than the smaller resize after it saves (0.45 against 0.6 ms).
+    """
+    simplejpeg = _modules()[0]
     scale = power_of_two_reduction(width, height, target)
     try:
-        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
-                                        min_width=-(-width // scale), min_height=-(-height // scale))
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
+                                      min_width=-(-width // scale), min_height=-(-height // scale))
     except ValueError:  # truncated, corrupt or CMYK: Pillow's path rejects or converts it
         return None
+
+
+def resize(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
+    """``pixels`` (RGB HWC uint8) at exactly ``target`` (w, h): antialiased bilinear."""
+    torch = _modules()[1]
     tw, th = target
     out = np.empty((th, tw, 3), np.uint8)
     source = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # an NCHW view of HWC: channels_last
     # Antialiased bilinear, the uint8 AVX2 kernel (PyTorch >= 2.1), into the HWC buffer the encoder reads.
     torch._C._nn._upsample_bilinear2d_aa(source, [th, tw], False, out=torch.from_numpy(out).permute(2, 0, 1)[None])
-    return simplejpeg.encode_jpeg(out, quality=quality, colorspace="RGB", colorsubsampling="420")
+    return out
+
+
+def encode(pixels: np.ndarray, quality: int) -> bytes:
+    return _modules()[0].encode_jpeg(pixels, quality=quality, colorspace="RGB", colorsubsampling="420")
+
+
+def shrink(data: bytes, width: int, height: int, target: tuple[int, int], quality: int) -> bytes | None:
+    """``data`` (an RGB or grayscale JPEG of ``width`` x ``height``) as a JPEG of exactly ``target``, or None."""
+    if _modules() is None:
+        return None
+    pixels = decode(data, width, height, target)
+    return None if pixels is None else encode(resize(pixels, target), quality)
