@@ -1,5 +1,5 @@
-"""A node that hangs mid-run (frozen, not dead) on a real 2-node local cluster: the watchdog names it and stops the
-job, where mpirun alone would wait for it for ever."""
+"""A node that hangs mid-run (frozen, not dead) on a real 2-node rehearsal cluster (each node its own machine, sharing
+only /fsx): the watchdog names it and stops the job, where mpirun alone would wait for it for ever."""
 
 from __future__ import annotations
 
@@ -11,9 +11,23 @@ import time
 from pathlib import Path
 
 import pytest
-from clusterutil import TINY, assert_one_line_error, cluster_state, descendants, launch, launch_background, tiny_shards
+from clusterutil import (
+    SHARDS,
+    TINY,
+    assert_one_line_error,
+    cluster_state,
+    descendants,
+    launch,
+    launch_background,
+    needs_root,
+    node_run,
+    on_host,
+    put_on_shared,
+    tiny_shards,
+    up,
+)
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, needs_root]
 
 # Probing every 2 s, a node is given up after 3 misses (each miss waits up to 10 s for a reply).
 FAST_WATCH = ["--probe-interval", "2", "--probe-misses", "3"]
@@ -43,42 +57,33 @@ def parent(pid: int) -> int:
 
 
 def job_on(home: Path, node: str, words: tuple[str, ...] = JOB) -> list[int]:
-    """The job's processes still running under a local node's sshd."""
-    sshd = cluster_state(home)["processes"][node]
-    return [p for p in descendants(sshd) if any(w in cmdline(p) for w in words)]
+    """The job's processes still running on a rehearsal node (under its first process)."""
+    first = cluster_state(home)["processes"][node]
+    return [p for p in descendants(first) if any(w in cmdline(p) for w in words)]
 
 
 def hung_node(home: Path, node: str) -> list[int]:
-    """What freezes to hang a local node: its sshd (new sessions get no banner), every session's sshd process (the
-    watchdog's open connection among them) and the job's processes.
-
-    Shells outside the job are left alone: every local node's login shell shares the user's rc files, and a shell
-    frozen holding a lock there (pyenv's rehash) would stall the other nodes too. With its sshd frozen, such a
-    shell (a probe's `true`) finishes and no new one starts.
-    """
-    sshd = cluster_state(home)["processes"][node]
-    job = set(job_on(home, node))
-    for pid in list(job):
-        job |= set(descendants(pid))
-        up = parent(pid)
-        while up not in (sshd, 0, 1):
-            job.add(up)
-            up = parent(up)
-    sessions = {p for p in descendants(sshd) if cmdline(p).startswith("sshd")}
-    return [sshd, *sorted(job | sessions)]
+    """What freezes to hang a rehearsal node: every process of the machine (its sshd, whose new sessions get no
+    banner, every session, the watchdog's open connection among them, and the job's processes), as a frozen
+    instance. Nothing of it is shared with the other nodes but /fsx."""
+    first = cluster_state(home)["processes"][node]
+    return [first, *descendants(first)]
 
 
 @contextlib.contextmanager
-def training(home: Path, run: Path, shards: Path, *watch: str):
-    """`launch train` for many epochs on a fresh 2-node cluster, yielded once rank 0 has written metrics; the
-    processes a test stops are SIGCONT'ed and killed, and the cluster is brought down, whatever happens."""
-    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
-    proc = launch_background(home, "train", "--data", str(shards), "--epochs", "200", "--output", str(run),
-                             *TINY, *watch)
+def training(home: Path, run: str, shards: Path, *watch: str):
+    """`launch train` for many epochs on a fresh 2-node cluster (the tiny shards uploaded to its /fsx), yielded once
+    rank 0 has written metrics; the processes a test stops are SIGCONT'ed and killed, and the cluster is brought
+    down, whatever happens."""
+    up(home, "--nodes", "2")
     stopped: list[int] = []
+    proc = None
     try:
+        put_on_shared(home, shards, SHARDS)
+        proc = launch_background(home, "train", "--data", SHARDS, "--epochs", "200", "--output", run, *TINY, *watch)
+        metrics = on_host(home, run) / "metrics.jsonl"
         deadline = time.monotonic() + 300
-        while not (run / "metrics.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+        while not metrics.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert proc.poll() is None, "the run ended before it was under way:\n" + proc.stdout.read()[-3000:]
         yield proc, stopped
@@ -88,7 +93,7 @@ def training(home: Path, run: Path, shards: Path, *watch: str):
                          *((p, signal.SIGKILL) for p in stopped if any(w in cmdline(p) for w in JOB))]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.kill()
             proc.communicate()
         launch(home, "local", "down")
@@ -102,32 +107,35 @@ def freeze(pids: list[int], stopped: list[int]) -> None:
 
 def test_a_hung_node_is_named_and_the_job_stopped(shards, tmp_path):
     home = tmp_path / "home"
-    with training(home, tmp_path / "run", shards, *FAST_WATCH) as (proc, stopped):
-        # node1 freezes: its sshd (which still accepts TCP, but never answers) and the job's processes there.
+    with training(home, node_run(tmp_path.name), shards, *FAST_WATCH) as (proc, stopped):
+        assert job_on(home, "node1"), "nothing runs on node1"
+        # node1 freezes, the whole machine: its sshd (the kernel still accepts TCP, nothing answers) and the job.
         freeze(hung_node(home, "node1"), stopped)
-        assert len(stopped) > 1, "nothing runs on node1"
         out, err = proc.communicate(timeout=300)
         left = job_on(home, "node0")
     assert_one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
                           "training failed: node node1 stopped answering (no reply to 3 probes", "may be hung")
     assert "node0" not in err.splitlines()[-1]
     assert "[watchdog] node node1 stopped answering" in out
+    assert "fetched " in out and f" from node0:{node_run(tmp_path.name)} to " in out  # the record came back
     assert left == [], "mpirun or a rank was left running on node0"
 
 
 def test_when_the_first_node_hangs_the_launcher_abandons_its_stream(shards, tmp_path):
     home = tmp_path / "home"
-    with training(home, tmp_path / "run", shards, *FAST_WATCH) as (proc, stopped):
+    with training(home, node_run(tmp_path.name), shards, *FAST_WATCH) as (proc, stopped):
         # node0 runs mpirun and carries the launcher's stream: nothing there can stop the job any more.
         freeze(hung_node(home, "node0"), stopped)
         out, err = proc.communicate(timeout=300)
     assert_one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
                           "training failed: node node0 stopped answering (no reply to 3 probes", "may be hung")
+    # Nothing more is asked of the hung node: fetching the record from it would only wait out its timeout.
+    assert "could not fetch the run's record" not in out and "fetched " not in out
 
 
 def test_a_job_that_stops_printing_is_stopped_though_every_node_answers(shards, tmp_path):
     home = tmp_path / "home"
-    with training(home, tmp_path / "run", shards, *FAST_WATCH, "--stall-timeout", "30") as (proc, stopped):
+    with training(home, node_run(tmp_path.name), shards, *FAST_WATCH, "--stall-timeout", "30") as (proc, stopped):
         # node1's rank freezes but its sshd does not: every probe is answered, rank 0 waits in allreduce.
         freeze(job_on(home, "node1", ("training.train",)), stopped)
         assert stopped, "no rank runs on node1"
@@ -173,11 +181,12 @@ def test_the_probes_keep_one_connection_per_node(tmp_path, monkeypatch):
     from launcher.plans import watchdog
 
     home = tmp_path / "home"
-    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
+    up(home, "--nodes", "2")
     try:
         monkeypatch.setenv("SCALETRAIN_HOME", str(home))
         c = clusters.load("local")
-        logs = {n.name: home / "clusters" / "local" / "nodes" / n.name / "sshd.log" for n in c.nodes}
+        # what each node's sshd printed (-e) since it booted: its console
+        logs = {n.name: home / "clusters" / "local" / "nodes" / n.name / "console.log" for n in c.nodes}
         before = {name: log.read_text().count("Accepted publickey") for name, log in logs.items()}
         verdicts = []  # one per round of probes
 

@@ -99,7 +99,9 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                              resume=resume, engine=engine, reducers=reducers,
                              extra_args=tuple(trainer_args or ()))
         result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers], watch=watch)
-        if not c.shares_launcher_fs:  # the run directory is on the cluster's storage, which --teardown deletes
+        # The run directory is on the cluster's storage, which --teardown deletes; a first node the watchdog
+        # gave up on would only hold the verdict back by the fetch's timeout.
+        if not c.shares_launcher_fs and chosen[0].name not in result.silent:
             _fetch_record(c, chosen[0], out, newest_checkpoint=teardown)
         if result.stopped:  # the watchdog's reason: a hung node would only stall a probe of who answers
             raise LaunchError(f"training failed: {result.stopped} (output above); run directory {out}")

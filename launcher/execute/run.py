@@ -42,6 +42,7 @@ class RunResult:
     summary: dict | None
     lines: list[str] = field(default_factory=list)  # what mpirun printed, for faults.diagnose
     stopped: str | None = None  # why the watchdog stopped the job, when it did
+    silent: tuple[str, ...] = ()  # the nodes it gave up on: nothing more is asked of them
 
 
 def _on_first(cluster: Cluster, node: Node, command: str, what: str) -> str:
@@ -99,6 +100,7 @@ class Watchdog:
         self.cluster, self.first, self.nodes, self.policy, self.pidfile = cluster, first, nodes, policy, pidfile
         self.clock = clock
         self.reason: str | None = None
+        self.silent: tuple[str, ...] = ()  # the nodes that missed policy.misses probes in a row, when it stopped
         self.hangup = remote.Hangup()
         self.last_output_at = clock()
         self._done = threading.Event()
@@ -138,6 +140,8 @@ class Watchdog:
                 -self.policy.misses * len(self.nodes):]
             why = watchdog.verdict(history, self.last_output_at, self.clock(), self.policy)
             if why:
+                self.silent = tuple(n for n, ps in watchdog.unanswered(history).items()
+                                    if len(ps) >= self.policy.misses)
                 self._stop(why)
                 return
 
@@ -244,7 +248,8 @@ def train(cluster: Cluster, nodes: list[Node], spec: job.TrainSpec, *, make_data
         code, lines = remote.stream(cluster, first, f"echo $$ > {shlex.quote(pidfile)} && exec "
                                     f"{job.command_line(argv)}", on_line=dog.heard, hangup=dog.hangup)
     if dog.reason:  # the first node may be the one that hung: ask it nothing more
-        return RunResult(code or 1, spec.output, train_images, None, lines, stopped=dog.reason)
+        return RunResult(code or 1, spec.output, train_images, None, lines, stopped=dog.reason,
+                         silent=dog.silent)
 
     rc, text = remote.check(cluster, first, f"cat {out}/summary.json 2>/dev/null")
     summary = json.loads(text) if rc == 0 and text.strip() else None
