@@ -1,11 +1,12 @@
-"""launcher.execute.results: which files of a run directory come back (pure), and the fetch over real sshd/SFTP."""
+"""launcher.execute.results: which files of a run directory come back (pure), and the fetch over real sshd/SFTP from a
+rehearsal node (its own machine: the run directory is on its /fsx, which this machine does not have)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from clusterutil import launch
+from clusterutil import launch, needs_root, node_run, on_host, up
 
 from launcher import cluster as clusters
 from launcher.execute import results
@@ -44,13 +45,15 @@ def test_a_run_that_failed_before_any_output_fetches_what_there_is():
 
 
 @pytest.mark.cluster
+@needs_root
 def test_fetch_copies_the_record_from_node0_over_sftp(tmp_path, monkeypatch):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
+    up(home, "--nodes", "2")
     try:
         monkeypatch.setenv("SCALETRAIN_HOME", str(home))
         c = clusters.load("local")
-        run = tmp_path / "on-node" / "run"
+        on_node = node_run("fetched")
+        run = on_host(home, on_node)  # written here, read there: the nodes' shared storage
         (run / "tensorboard").mkdir(parents=True)
         (run / "metrics.jsonl").write_text('{"epoch": 0}\n')
         (run / "summary.json").write_text('{"top1": 0.5}\n')
@@ -58,16 +61,19 @@ def test_fetch_copies_the_record_from_node0_over_sftp(tmp_path, monkeypatch):
         for epoch in (0, 1):
             (run / f"checkpoint-epoch{epoch:03d}.pt").write_bytes(bytes([epoch]) * (1000 + epoch))
         dest = tmp_path / "fetched"
-        got = results.fetch(c, c.nodes[0], str(run), dest, newest_checkpoint=True)
+        got = results.fetch(c, c.nodes[0], on_node, dest, newest_checkpoint=True)
         assert [f.path for f in got] == ["metrics.jsonl", "summary.json", "tensorboard/events.out.tfevents.1",
                                          "checkpoint-epoch001.pt"]
         assert (dest / "summary.json").read_text() == '{"top1": 0.5}\n'
         assert (dest / "checkpoint-epoch001.pt").read_bytes() == b"\1" * 1001
         assert not (dest / "checkpoint-epoch000.pt").exists()
         index = json.loads((dest / "checkpoints.json").read_text())
-        assert index["node"] == "node0" and [ck["bytes"] for ck in index["checkpoints"]] == [1000, 1001]
+        assert index["node"] == "node0" and index["run_directory"] == on_node
+        assert [ck["bytes"] for ck in index["checkpoints"]] == [1000, 1001]
         assert not list(dest.rglob(".*part"))
+        # A directory of this machine is not on the node.
+        (tmp_path / "on-node").mkdir()
         with pytest.raises(results.LaunchError, match="cannot list the run directory"):
-            results.fetch(c, c.nodes[0], str(tmp_path / "missing"), dest, newest_checkpoint=False)
+            results.fetch(c, c.nodes[0], str(tmp_path / "on-node"), dest, newest_checkpoint=False)
     finally:
         launch(home, "local", "down")
