@@ -155,14 +155,3 @@ def rehearsal_cluster_with_shards(root: Path, *up_args: str):
 # Rehearsal nodes are namespaces, mounts and a bridge: root only (tests/test_rehearsal_cluster.py does the same).
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="rehearsal nodes need root (namespaces, mounts)")
 
-
-@contextlib.contextmanager
-def local_cluster_with_shards(root: Path, nodes: int = 2):
-    """A --loopback cluster under root/home and the tiny shards under root; down afterwards."""
-    home = root / "home"
-    launch(home, "local", "up", "--loopback", "--nodes", str(nodes), check=True)
-    try:
-        tiny_shards(home, root)
-        yield root, home
-    finally:
-        launch(home, "local", "down")
