@@ -4,6 +4,7 @@ record, and report accuracy, measured against predicted throughput, and what the
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -55,7 +56,12 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                                                 "(hung, not dead: mpirun would wait for it for ever)."),
           stall_timeout: float = typer.Option(1800, "--stall-timeout", metavar="SECONDS",
                                               help="Stop the job when it prints nothing for this long (a rank stuck "
-                                                   "in a collective); 0: never.")):
+                                                   "in a collective); 0: never."),
+          max_restarts: int = typer.Option(0, "--max-restarts", metavar="N",
+                                           help="When a node is lost (reclaimed, dead, hung), replace it and resume "
+                                                "from the newest complete checkpoint, up to N times; 0: stop with "
+                                                "the error. A failure the trainer names (bad data, a bug) is never "
+                                                "retried.")):
     """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
     from training.model import check_model
 
@@ -79,6 +85,8 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         raise LaunchError("--resume needs --output: the run directory holding the checkpoints")
     if not probe_interval > 0:
         raise LaunchError(f"--probe-interval must be a number of seconds > 0, got {probe_interval:g}")
+    if max_restarts < 0:
+        raise LaunchError(f"--max-restarts must be >= 0, got {max_restarts}")
     if probe_misses < 1:
         raise LaunchError(f"--probe-misses must be >= 1, got {probe_misses}")
     if not stall_timeout >= 0:
@@ -89,41 +97,74 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     watch = watchdog.Watch(interval_s=probe_interval, misses=probe_misses, stall_s=stall_timeout)
     stamp = time.strftime("%Y%m%d-%H%M%S")
 
-    def body(c: clusters.Cluster, out: str, data_path: str) -> None:
-        chosen = c.select_workers(nodes)
-        if reducers > len(c.reducers):
-            raise LaunchError(f"--reducers {reducers} is more than the {len(c.reducers)} reducer node(s) of cluster "
-                              f"'{c.name}'; bring one up with `launch local up --nodes N --reducers K`")
-        spec = job.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
-                             batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
-                             resume=resume, engine=engine, reducers=reducers,
-                             extra_args=tuple(trainer_args or ()))
-        result = run.train(c, chosen, spec, make_data=not data, reducers=c.reducers[:reducers], watch=watch)
-        # The run directory is on the cluster's storage, which --teardown deletes; a first node the watchdog
-        # gave up on would only hold the verdict back by the fetch's timeout.
-        if not c.shares_launcher_fs and chosen[0].name not in result.silent:
-            _fetch_record(c, chosen[0], out, newest_checkpoint=teardown)
-        if result.stopped:  # the watchdog's reason: a hung node would only stall a probe of who answers
-            raise LaunchError(f"training failed: {result.stopped} (output above); run directory {out}")
-        if result.exit_code != 0:
-            from launcher.plans import faults
+    def body(c: clusters.Cluster, out: str, data_path: str,
+             recover: Callable[[clusters.Cluster, list[str]], clusters.Cluster]) -> None:
+        from launcher.execute import recovery
+        from launcher.plans import faults, restarts
 
+        history: list[restarts.Restart] = []
+        make_data = not data
+        while True:
+            chosen = c.select_workers(nodes)
+            if reducers > len(c.reducers):
+                raise LaunchError(f"--reducers {reducers} is more than the {len(c.reducers)} reducer node(s) of "
+                                  f"cluster '{c.name}'; bring one up with `launch local up --nodes N --reducers K`")
+            spec = job.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
+                                 batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
+                                 resume=resume or bool(history), engine=engine, reducers=reducers,
+                                 extra_args=tuple(trainer_args or ()))
+            result = run.train(c, chosen, spec, make_data=make_data, reducers=c.reducers[:reducers], watch=watch)
+            if history:
+                recovery.write_record(c, chosen[0], out, history)
+            # The run directory is on the cluster's storage, which --teardown deletes; a first node the watchdog
+            # gave up on would only hold the verdict back by the fetch's timeout.
+            if not c.shares_launcher_fs and chosen[0].name not in result.silent:
+                _fetch_record(c, chosen[0], out, newest_checkpoint=teardown)
+            if result.exit_code == 0 and not result.stopped:
+                break
             used = chosen + c.reducers[:reducers]
             # Which nodes still answer: a node that went away is the likeliest cause, and mpirun may not name it.
             silent = {r.node: r.error or f"exit {r.exit_code}" for r in remote.run_all(c, used, "true") if not r.ok}
-            why = faults.diagnose(result.lines, used, silent)
-            raise LaunchError(f"training failed: {why or f'mpirun on {chosen[0].name} exited {result.exit_code}'} "
-                              f"(output above); run directory {out}")
+            why = result.stopped or faults.diagnose(result.lines, used, silent) \
+                or f"mpirun on {chosen[0].name} exited {result.exit_code}"
+            at = restarts.progress(result.lines)
+            lost = restarts.lost_nodes(result.lines, silent, [n.name for n in used])
+            if result.stopped and not lost:  # the watchdog stopped it: the node that stopped answering is lost
+                lost = tuple(n.name for n in used if n.name in result.stopped)
+            verdict = restarts.decide(why, lost, trainer_error=restarts.trainer_error(result.lines),
+                                      restarts_done=len(history), max_restarts=max_restarts,
+                                      previous_lost=history[-1].lost if history else None, progressed=at is not None)
+            if not verdict.retry:
+                raise LaunchError(f"training failed: {verdict.why if max_restarts else why} (output above); "
+                                  f"run directory {out}")
+            newest = recovery.newest_checkpoint_epoch(c, chosen[0], out)
+            step = restarts.Restart(attempt=len(history) + 1, why=why, lost=list(lost),
+                                    resumed_from_epoch=newest + 1 if newest is not None else 0,
+                                    epochs_lost=restarts.work_lost(at, newest), progress=list(at) if at else None)
+            history.append(step)
+            console.print(f"[launch] restart {step.attempt} of {max_restarts}: {why}; replacing {', '.join(lost)} "
+                          f"and resuming at epoch {step.resumed_from_epoch} ({step.epochs_lost:g} epoch(s) of "
+                          f"work lost)", markup=False, highlight=False)
+            c = recover(c, list(lost))
+            if make_data:  # the sample data is on the run's storage already
+                data_path, make_data = f"{out}/shards", False
+        if history:
+            console.print(f"[launch] the run took {len(history)} restart(s), "
+                          f"{sum(h.epochs_lost for h in history):g} epoch(s) of work repeated; "
+                          f"record: {out}/{restarts.RECORD_FILE}", markup=False, highlight=False)
         _report(chosen, spec, result, c)
 
     c, stack = target(cluster)
     if stack is None:
         assert c is not None
         try:
+            from launcher.execute.recovery import replace_local
+
             if c.shares_launcher_fs:  # loopback nodes see this machine's paths
-                body(c, run.local_output(output, stamp), str(Path(data).expanduser().resolve()) if data else "")
+                body(c, run.local_output(output, stamp), str(Path(data).expanduser().resolve()) if data else "",
+                     replace_local)
             else:  # rehearsal nodes, like EC2 instances, see their own disks and the shared storage only
-                body(c, output or f"{c.shared_root or c.nodes[0].workdir}/runs/{stamp}", data or "")
+                body(c, output or f"{c.shared_root or c.nodes[0].workdir}/runs/{stamp}", data or "", replace_local)
         finally:
             if teardown:
                 _teardown(c)
@@ -135,13 +176,24 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     sess = aws.session(region or (c.aws.region if c and c.aws else None), profile or (c.aws.profile if c and c.aws
                                                                                        else None))
 
-    def on_aws() -> None:
+    def ready() -> clusters.Cluster:
         found = awsrun.connect_ready(sess, stack, profile=profile, timeout_s=ready_timeout)
         awsrun.install_node_access(found)
         awsrun.prepare_storage(found)
+        return found
+
+    def replaced(_c: clusters.Cluster, lost: list[str]) -> clusters.Cluster:
+        # The Auto Scaling group replaces a terminated instance (its health check marks it unhealthy); discovery then
+        # names the new instance as the node it stands for and pins its key from its console.
+        console.print(f"[launch] waiting for the Auto Scaling group to replace {', '.join(lost)}", markup=False,
+                      highlight=False)
+        return ready()
+
+    def on_aws() -> None:
+        found = ready()
         first = found.select_workers(nodes)[0]
         out = output or f"{awsrun.shared_root(found) or first.workdir}/runs/{stamp}"
-        body(found, out, awsrun.stage_data(found, found.select_workers(nodes), data) if data else "")
+        body(found, out, awsrun.stage_data(found, found.select_workers(nodes), data) if data else "", replaced)
 
     awsrun.with_teardown(sess, stack, teardown, on_aws)
 

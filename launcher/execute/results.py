@@ -22,7 +22,8 @@ from launcher.execute import remote
 __all__ = ["LISTING", "RECORD", "RemoteFile", "checkpoint_index", "fetch", "fetch_plan", "local_copy",
            "parse_listing"]
 
-RECORD = ("metrics.jsonl", "summary.json", "hostfile")   # small files every run has (metrics: once it has begun)
+# Small files of a run: metrics once it has begun, restarts.json when it had any (launch train --max-restarts).
+RECORD = ("metrics.jsonl", "summary.json", "hostfile", "restarts.json")
 TENSORBOARD = "tensorboard/"
 CHECKPOINT = re.compile(r"^checkpoint-epoch(\d+)\.pt$")
 # Every file at most two levels down (the run directory and tensorboard/), with its size; GNU find on the nodes.
