@@ -185,7 +185,7 @@ def replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, list
     assert cluster.rehearsal is not None
     d = cluster_dir(cluster.name)
     rh.check_host()
-    layers = rh.ensure_root()
+    layers = rh.recorded_layers(cluster.rehearsal.layers)
     info = cluster.rehearsal
     net = plan.parse_subnet(info.subnet)
     netw = plan.Network(info.bridge, info.subnet, info.gateway, net.prefixlen,

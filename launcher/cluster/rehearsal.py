@@ -247,23 +247,56 @@ def ensure_root(progress: Callable[[str], None] = say) -> Layers:
     cache = cache_root()
     system = cache / f"system-{sys_key}"
     project = cache / f"project-{proj_key}"
-    if not system.is_dir():
-        _build_system(system, system_steps, wheel, progress)
-    if not project.is_dir():
-        if project_step is None:  # the recipe installs no project: an empty layer
-            (project / "upper").mkdir(parents=True)
-        else:
-            _build_project(project, system, project_step, archive, progress)
+    try:
+        if not system.is_dir():
+            _build_system(system, system_steps, wheel, progress)
+        if not project.is_dir():
+            if project_step is None:  # the recipe installs no project: an empty layer
+                (project / "upper").mkdir(parents=True)
+            else:
+                _build_project(project, system, project_step, archive, progress)
+    except OSError as e:  # a full disk, a cache directory we may not write: one line, not a traceback
+        raise LaunchError(f"building the rehearsal root in {cache}: {e}") from None
+    for used in (system, project):  # a layer's mtime says when a cluster last booted from it (_prune reads it)
+        os.utime(used)
     _prune(cache, keep={system.name, project.name})
     return Layers(system / "root", project / "upper")
 
 
+PRUNE_AFTER_S = 24 * 3600
+
+
 def _prune(cache: Path, keep: set[str]) -> None:
-    """Project layers of older sources go (each rebuild of the source makes one); the newest three stay."""
+    """Layers of older recipes and sources go (each change of the source makes a project layer), but only beyond
+    the newest three and once no cluster has booted from them for a day: a running node's root is an overlay of
+    them."""
+    now = time.time()
     for kind in ("project-*", "system-*"):
         layers = sorted((p for p in cache.glob(kind) if p.name not in keep), key=lambda p: p.stat().st_mtime)
         for old in layers[:-2]:
-            _remove(old)
+            if now - old.stat().st_mtime > PRUNE_AFTER_S:
+                _remove(old)
+
+
+def _settle(tmp: Path, dest: Path) -> None:
+    """Move a finished layer into place; when another `launch` built the same layer meanwhile, keep that one."""
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        if not dest.is_dir():
+            raise
+        _remove(tmp)
+
+
+def recorded_layers(lowerdirs: list[str]) -> Layers:
+    """The layers a cluster's nodes booted from: a replacement boots from the same image, whatever the source is now.
+    """
+    if len(lowerdirs) != 2 or not all(Path(d).is_dir() for d in lowerdirs):
+        raise LaunchError(f"the rehearsal root this cluster booted from is no longer in {cache_root()}; bring the "
+                          f"cluster down and up again (`launch local down`, `launch local up`)")
+    for d in lowerdirs:
+        os.utime(Path(d).parent)
+    return Layers(Path(lowerdirs[1]), Path(lowerdirs[0]))
 
 
 def _build_system(dest: Path, steps: list[plan.Step], wheel: Path | None, progress: Callable[[str], None]) -> None:
@@ -289,7 +322,7 @@ def _build_system(dest: Path, steps: list[plan.Step], wheel: Path | None, progre
         _service_policy(root, False)
         _clean(root)
         (tmp / "recipe.json").write_text(json.dumps([s.script for s in steps]))
-        os.replace(tmp, dest)
+        _settle(tmp, dest)
     except BaseException:
         _remove(tmp)
         raise
@@ -310,7 +343,7 @@ def _debootstrap(cache: Path, progress: Callable[[str], None]) -> Path:
         _run(["debootstrap", "--variant=minbase", f"--include={','.join(plan.BASE_PACKAGES)}", plan.SUITE,
               str(tmp / "root"), mirror], f"debootstrap of Debian {plan.SUITE} from {mirror}",
              log=tmp / "debootstrap.log", timeout=1800)
-        os.replace(tmp, dest)
+        _settle(tmp, dest)
     except BaseException:
         _remove(tmp)
         raise
@@ -354,7 +387,7 @@ def _build_project(dest: Path, system: Path, step: plan.Step, archive: bytes,
             subprocess.run(["umount", str(merged)], capture_output=True)
     try:
         _remove(work)
-        os.replace(tmp, dest)
+        _settle(tmp, dest)
     except BaseException:
         _remove(tmp)
         raise
