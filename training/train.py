@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from training import durable
 from training import engine as engines
 from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
 from training.model import ARCHITECTURES, build_model
@@ -70,6 +71,9 @@ class Config:
     num_classes: int = 1000         # with --synthetic only; otherwise the manifest's class list decides
     tensorboard: bool = True        # write TensorBoard events when tensorboard is installed
     dump_rank_params: bool = False  # each rank saves its final parameters (consistency checks)
+    checkpoint_to: str = ""         # s3://BUCKET/PREFIX: rank 0 copies each checkpoint there; --resume restores
+    aws_region: str = ""            # with --checkpoint-to: the bucket's region (the nodes have no AWS configuration)
+    aws_cli: str = ""               # with --checkpoint-to: the AWS CLI's absolute path (the image's /usr/local/bin/aws)
 
 
 class TrainError(RuntimeError):
@@ -132,6 +136,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if (cfg.engine == "reducer") != (cfg.reducers > 0):
         p.error(f"--engine reducer needs --reducers K >= 1 (and only it takes them); got --engine {cfg.engine} "
                 f"--reducers {cfg.reducers}")
+    if problem := durable.check_options(cfg.checkpoint_to, cfg.aws_region, cfg.aws_cli):
+        p.error(problem)
     if not cfg.data and not cfg.synthetic:
         p.error("--data is required (a directory made by `launch data convert`), unless --synthetic")
     if cfg.loss_scale != "dynamic":
@@ -276,8 +282,10 @@ def train(cfg: Config) -> dict:
     start_epoch, problem = 0, None
     if cfg.resume and rank == 0:
         try:
+            if cfg.checkpoint_to and (restored := durable.restore(out, cfg.checkpoint_to, cfg.aws_cli, cfg.aws_region)):
+                log(f"--resume: {restored}", flush=True)
             found = newest_checkpoint(out, cfg.model)
-        except TrainError as e:
+        except (TrainError, durable.DurableError) as e:
             found, problem = None, str(e)
         if found:
             path, state = found
@@ -300,11 +308,12 @@ def train(cfg: Config) -> dict:
     if scaler.is_enabled():
         scaler.load_state_dict(engine.broadcast_object(scaler.state_dict(), "scaler.state"))
 
-    metrics = tb = None
+    metrics = tb = uploader = None
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         metrics = open(out / "metrics.jsonl", "a")  # noqa: SIM115 - closed at the end of the run
         tb = tensorboard_writer(cfg.tensorboard, out / "tensorboard")
+        uploader = durable.Uploader(cfg.checkpoint_to, cfg.aws_cli, cfg.aws_region, log) if cfg.checkpoint_to else None
     source = "synthetic data" if cfg.synthetic else f"{num_classes} classes"
     log(f"training {cfg.model} on {world} rank(s) ({engine.name}), {source}, {steps} steps/epoch, "
         f"global batch {global_batch}, peak lr {peak:.4g}, {precision}, {device.type}", flush=True)
@@ -400,6 +409,8 @@ def train(cfg: Config) -> dict:
                                  "numpy": np.random.get_state()},
                          "config": asdict(cfg)},
                         out / f"checkpoint-epoch{epoch:03d}.pt")
+            if uploader:  # copied to S3 by a background thread while the next epoch trains
+                uploader.submit(out / f"checkpoint-epoch{epoch:03d}.pt")
         if cfg.val_every and (epoch + 1) % cfg.val_every == 0 and epoch + 1 < cfg.epochs and not cfg.synthetic:
             val = validation(epoch, (epoch + 1) * steps, lr, mean_loss)
 
@@ -416,6 +427,8 @@ def train(cfg: Config) -> dict:
     if cfg.dump_rank_params:
         torch.save({k: v.detach().cpu() for k, v in net.named_parameters()}, out / f"params-rank{rank}.pt")
     if rank == 0:
+        if uploader and (failed := uploader.close()):
+            log(f"warning: not copied to {cfg.checkpoint_to}: {', '.join(failed)}", flush=True)
         metrics.close()
         if tb is not None:
             tb.close()

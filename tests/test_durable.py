@@ -1,0 +1,190 @@
+"""Durable checkpoints (training/durable.py): the pure decisions, then the trainer against moto's S3 server on
+loopback, driven through the real AWS CLI (v1, from the dev extra) as the nodes drive the image's, with no AWS
+configuration and the region given on every call."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from clusterutil import ROOT
+
+from training import durable
+from training.train import parse_args
+
+REGION = "eu-west-1"
+BUCKET = "ckpt-bucket"
+
+
+# ---- pure ----
+
+def test_target_keys_and_bad_uris():
+    t = durable.parse_target("s3://my-bucket/runs/r1/")
+    assert (t.bucket, t.prefix) == ("my-bucket", "runs/r1")
+    assert t.key("checkpoint-epoch001.pt") == "runs/r1/checkpoint-epoch001.pt"
+    assert durable.parse_target("s3://my-bucket").key("x") == "x"
+    for bad in ("my-bucket/runs", "s3://", "s3://My_Bucket/x", "/fsx/runs"):
+        with pytest.raises(durable.DurableError, match="must be s3://BUCKET/PREFIX"):
+            durable.parse_target(bad)
+
+
+def test_options_need_a_region_and_an_absolute_cli(capsys):
+    assert durable.check_options("", "", "") is None
+    assert "--aws-region" in durable.check_options("s3://b-1/p", "", "/usr/local/bin/aws")
+    assert "--aws-cli" in durable.check_options("s3://b-1/p", REGION, "aws")
+    with pytest.raises(SystemExit):
+        parse_args(["--synthetic", "--output", "o", "--checkpoint-to", "s3://b-1/p", "--aws-cli", "/x/aws"])
+    assert capsys.readouterr().err.strip().startswith("error: --checkpoint-to needs --aws-region")
+
+
+def test_only_checkpoints_with_a_marker_are_candidates_newest_first():
+    t = durable.parse_target("s3://b-1/run")
+    listing = {"run/checkpoint-epoch000.pt": 10, "run/checkpoint-epoch000.pt.complete": 1,
+               "run/checkpoint-epoch002.pt": 30, "run/checkpoint-epoch002.pt.complete": 1,
+               "run/checkpoint-epoch003.pt": 5,                                     # no marker: half-copied
+               "run/other/checkpoint-epoch009.pt": 9, "run/other/checkpoint-epoch009.pt.complete": 1,
+               "run/checkpoint-epoch007.pt.complete": 1}                            # marker without object
+    assert durable.complete_candidates(t, listing) == ["checkpoint-epoch002.pt", "checkpoint-epoch000.pt"]
+
+
+def test_marker_round_trip_and_mismatches():
+    text = durable.marker_text("checkpoint-epoch002.pt", 30, "ab" * 32)
+    m = durable.parse_marker(text)
+    assert durable.marker_matches(m, "checkpoint-epoch002.pt", 30, "ab" * 32)
+    assert not durable.marker_matches(m, "checkpoint-epoch002.pt", 29)               # object replaced or torn
+    assert not durable.marker_matches(m, "checkpoint-epoch002.pt", 30, "cd" * 32)    # same size, other bytes
+    assert not durable.marker_matches(m, "checkpoint-epoch001.pt", 30)
+    assert durable.parse_marker("{\"size\": 3") is None and durable.parse_marker("[]") is None
+
+
+def test_restore_only_what_the_run_directory_lacks():
+    assert durable.should_restore(None, "checkpoint-epoch000.pt")
+    assert durable.should_restore(1, "checkpoint-epoch002.pt")
+    assert not durable.should_restore(2, "checkpoint-epoch002.pt")
+
+
+def test_upload_removes_the_old_marker_first_and_writes_the_new_one_last():
+    t = durable.parse_target("s3://b-1/run")
+    rm, put, mark = durable.upload_commands(t, Path("/fsx/r/checkpoint-epoch004.pt"), "/usr/local/bin/aws", REGION)
+    assert all(c[:3] == ["/usr/local/bin/aws", "--region", REGION] for c in (rm, put, mark))
+    assert rm[3:5] == ["s3", "rm"] and rm[-1] == "s3://b-1/run/checkpoint-epoch004.pt.complete"
+    assert put[-2:] == ["/fsx/r/checkpoint-epoch004.pt", "s3://b-1/run/checkpoint-epoch004.pt"]
+    assert mark[-2:] == ["-", "s3://b-1/run/checkpoint-epoch004.pt.complete"]
+
+
+# ---- against moto's S3 server, with the real AWS CLI ----
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 on loopback with one bucket, a boto3 client to inspect it, and an AWS CLI wrapper that points the
+    real CLI at it with dummy credentials, no AWS configuration and no default region (as on a node), logging each
+    call's arguments."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    aws_bin = Path(sys.executable).parent / "aws"
+    assert aws_bin.is_file(), "the AWS CLI v1 comes with the dev extra (pip install -e '.[dev]')"
+    root = tmp_path_factory.mktemp("s3")
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        client = boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="testing",
+                              aws_secret_access_key="testing")
+        client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        log = root / "aws-cli.log"
+        wrapper = root / "aws-local"
+        wrapper.write_text("\n".join([
+            "#!/bin/sh",
+            f'echo "$*" >> {shlex.quote(str(log))}',
+            f"exec env -u AWS_DEFAULT_REGION -u AWS_REGION AWS_ENDPOINT_URL={endpoint} AWS_ACCESS_KEY_ID=testing "
+            f"AWS_SECRET_ACCESS_KEY=testing AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null "
+            f'AWS_EC2_METADATA_DISABLED=true {shlex.quote(str(aws_bin))} "$@"', ""]))
+        wrapper.chmod(0o755)
+        yield client, str(wrapper), log
+    finally:
+        server.stop()
+
+
+TINY = ["--synthetic", "--engine", "ddp", "--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "4",
+        "--steps-per-epoch", "2", "--num-classes", "4", "--workers", "0", "--threads", "1", "--no-tensorboard"]
+
+
+def trainer(run: Path, *args: str) -> subprocess.CompletedProcess:
+    """One rank, DDP over gloo, as tests/test_gpu.py drives it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    proc = subprocess.run([sys.executable, "-m", "training.train", "--output", str(run), *TINY, *args],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def keys(client, prefix: str) -> dict[str, bytes]:
+    found = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return {o["Key"]: client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in found}
+
+
+def test_checkpoints_are_copied_with_markers_and_a_lost_run_directory_resumes_from_s3(s3, tmp_path):
+    client, aws_cli, log = s3
+    run = tmp_path / "run"
+    durable_args = ["--checkpoint-to", f"s3://{BUCKET}/runs/r1", "--aws-region", REGION, "--aws-cli", aws_cli]
+    first = trainer(run, "--epochs", "2", *durable_args)
+    assert "checkpoint checkpoint-epoch001.pt copied to s3://" in first.stdout, first.stdout
+
+    # Each checkpoint is in S3 byte for byte, with a marker naming its size and SHA-256.
+    stored = keys(client, "runs/r1/")
+    local = {p.name: p.read_bytes() for p in run.glob("checkpoint-epoch*.pt")}
+    newest = "checkpoint-epoch001.pt"
+    assert stored[f"runs/r1/{newest}"] == local[newest]
+    size, sha = durable.digest(run / newest)
+    assert json.loads(stored[f"runs/r1/{newest}.complete"]) == {"checkpoint": newest, "size": size, "sha256": sha}
+    # Every CLI call named the region: the nodes have no AWS configuration.
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert calls and all(c[:2] == ["--region", REGION] for c in calls), calls
+
+    # A newer checkpoint whose copy never finished (no marker), and one whose marker describes other bytes.
+    client.put_object(Bucket=BUCKET, Key="runs/r1/checkpoint-epoch003.pt", Body=local[newest][:1000])
+    client.put_object(Bucket=BUCKET, Key="runs/r1/checkpoint-epoch002.pt", Body=b"x" * size)
+    client.put_object(Bucket=BUCKET, Key="runs/r1/checkpoint-epoch002.pt.complete",
+                      Body=durable.marker_text("checkpoint-epoch002.pt", size, sha).encode())
+
+    # Shared storage lost the checkpoints: --resume restores the newest complete one and continues from it.
+    for p in run.glob("checkpoint-epoch*.pt"):
+        p.unlink()
+    resumed = trainer(run, "--epochs", "3", "--resume", *durable_args)
+    assert f"--resume: restored {newest} from s3://{BUCKET}/runs/r1/{newest}" in resumed.stdout, resumed.stdout
+    assert "resuming from checkpoint-epoch001.pt: epoch 2" in resumed.stdout, resumed.stdout
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(("checkpoint", ".checkpoint"))) == \
+        ["checkpoint-epoch001.pt", "checkpoint-epoch002.pt"]   # no temporary download left behind
+    # The resumed run's own epoch 2 replaced the stray object and re-marked it.
+    stored = keys(client, "runs/r1/")
+    assert stored["runs/r1/checkpoint-epoch002.pt"] == (run / "checkpoint-epoch002.pt").read_bytes()
+    size2, sha2 = durable.digest(run / "checkpoint-epoch002.pt")
+    assert json.loads(stored["runs/r1/checkpoint-epoch002.pt.complete"])["sha256"] == sha2
+
+
+def test_resume_with_an_unreachable_bucket_is_one_line(s3, tmp_path):
+    _, aws_cli, _ = s3
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    proc = subprocess.run([sys.executable, "-m", "training.train", "--output", str(tmp_path / "r"), *TINY,
+                           "--epochs", "1", "--resume", "--checkpoint-to", "s3://no-such-bucket/x",
+                           "--aws-region", REGION, "--aws-cli", aws_cli],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no-such-bucket" in errors[0] and "Traceback" not in proc.stderr, proc.stderr

@@ -1,0 +1,250 @@
+"""Durable checkpoints: rank 0 copies each epoch's checkpoint to S3 in the background; `--resume` restores the
+newest complete one from there when the run directory lost it.
+
+S3 has no rename, so "complete" is said by a second, small object written only after the checkpoint's upload
+succeeded: ``KEY.complete`` holding the checkpoint's name, size and SHA-256. A PUT creates an object only once the
+whole body arrived ("Amazon S3 never adds partial objects; if you receive a success response, Amazon S3 added the
+entire object": https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutObject.html), but a checkpoint overwritten
+by a rerun of the same epoch, or uploaded by a tool that did not finish, must not be taken for the one a marker
+describes: the marker goes first (deleted), then the object, then the new marker; a reader takes a checkpoint only
+when its marker exists and its size and SHA-256 match what it downloaded. The decisions (keys, marker content,
+which checkpoint is newest and complete, whether to restore) are pure functions; the AWS CLI only executes them.
+
+The CLI runs with ``--region`` always: the nodes have no AWS configuration and reach S3 through the VPC's gateway
+endpoint, which serves its own Region only (launcher/plans/staging.py, ``_s3``, cites the documents).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import re
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# The trainer's checkpoint names (launcher/execute/results.py's CHECKPOINT reads the same).
+CHECKPOINT = re.compile(r"^checkpoint-epoch(\d+)\.pt$")
+MARKER_SUFFIX = ".complete"
+TIMEOUT_S = 3600.0  # one CLI call; a checkpoint of ResNet-50 with its optimizer state is ~200 MB
+
+
+class DurableError(RuntimeError):
+    """A one-line problem with --checkpoint-to (its value, or S3 during a restore)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    bucket: str
+    prefix: str  # without leading or trailing '/'; '' = the bucket's top
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def url(self, name: str) -> str:
+        return f"s3://{self.bucket}/{self.key(name)}"
+
+    @property
+    def list_prefix(self) -> str:
+        return f"{self.prefix}/" if self.prefix else ""
+
+
+def parse_target(uri: str) -> Target:
+    """``s3://BUCKET[/PREFIX]``; anything else is a one-line error naming what is allowed."""
+    m = re.fullmatch(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?", uri)
+    if not m:
+        raise DurableError(f"--checkpoint-to must be s3://BUCKET/PREFIX (a bucket name: 3-63 lowercase letters, "
+                           f"digits, '.' or '-'), got '{uri}'")
+    return Target(m.group(1), (m.group(2) or "").strip("/"))
+
+
+def check_options(checkpoint_to: str, region: str, aws_cli: str) -> str | None:
+    """The problem with the trainer's --checkpoint-to/--aws-region/--aws-cli, or None."""
+    if not checkpoint_to:
+        return None
+    try:
+        parse_target(checkpoint_to)
+    except DurableError as e:
+        return str(e)
+    if not region:
+        return "--checkpoint-to needs --aws-region (the bucket's; the nodes have no AWS configuration)"
+    if not aws_cli.startswith("/"):
+        return f"--checkpoint-to needs --aws-cli, the AWS CLI's absolute path (the image's: /usr/local/bin/aws), " \
+               f"got '{aws_cli}'"
+    return None
+
+
+def marker_text(name: str, size: int, sha256: str) -> str:
+    return json.dumps({"checkpoint": name, "size": size, "sha256": sha256}, sort_keys=True) + "\n"
+
+
+def parse_marker(text: str) -> dict | None:
+    """A marker's content, or None when it is not one (torn, foreign)."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not (isinstance(doc, dict) and isinstance(doc.get("size"), int) and isinstance(doc.get("sha256"), str)
+            and isinstance(doc.get("checkpoint"), str)):
+        return None
+    return doc
+
+
+def complete_candidates(target: Target, listing: dict[str, int]) -> list[str]:
+    """Checkpoint names under ``target`` that have a marker, newest epoch first. ``listing``: key -> size of every
+    object under the prefix. A checkpoint without its marker (an upload that did not finish, or was superseded
+    and not yet re-marked) is never a candidate."""
+    names = {}
+    for key in listing:
+        rest = key[len(target.list_prefix):] if key.startswith(target.list_prefix) else None
+        if rest and (m := CHECKPOINT.match(rest)) and target.key(rest) + MARKER_SUFFIX in listing:
+            names[rest] = int(m.group(1))
+    return sorted(names, key=lambda n: names[n], reverse=True)
+
+
+def marker_matches(marker: dict | None, name: str, size: int, sha256: str | None = None) -> bool:
+    """Does the marker describe this object (its listed size; its content, once downloaded)?"""
+    return (marker is not None and marker["checkpoint"] == name and marker["size"] == size
+            and (sha256 is None or marker["sha256"] == sha256))
+
+
+def newest_local_epoch(out: Path) -> int | None:
+    epochs = [int(m.group(1)) for p in out.glob("checkpoint-epoch*.pt") if (m := CHECKPOINT.match(p.name))]
+    return max(epochs, default=None)
+
+
+def should_restore(local_epoch: int | None, remote_name: str) -> bool:
+    """Restore only what the run directory lacks: a remote checkpoint newer than every local one."""
+    return local_epoch is None or int(CHECKPOINT.match(remote_name).group(1)) > local_epoch
+
+
+def digest(path: Path) -> tuple[int, str]:
+    """(size, SHA-256 hex) of a file, read in 8 MiB blocks (hashlib releases the GIL on each)."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+            size += len(block)
+    return size, h.hexdigest()
+
+
+# ---- the AWS CLI commands (argv), pure ----
+
+def _aws(aws_cli: str, region: str, *args: str) -> list[str]:
+    return [aws_cli, "--region", region, *args]
+
+
+def upload_commands(target: Target, path: Path, aws_cli: str, region: str) -> list[list[str]]:
+    """Old marker out, checkpoint up, then (stdin) the new marker: the order that keeps a marker from ever
+    describing an object other than the one beside it."""
+    url = target.url(path.name)
+    return [_aws(aws_cli, region, "s3", "rm", "--only-show-errors", url + MARKER_SUFFIX),
+            _aws(aws_cli, region, "s3", "cp", "--only-show-errors", str(path), url),
+            _aws(aws_cli, region, "s3", "cp", "--only-show-errors", "-", url + MARKER_SUFFIX)]
+
+
+def list_command(target: Target, aws_cli: str, region: str) -> list[str]:
+    # list-objects-v2 pages through every key itself (the CLI's automatic pagination).
+    return _aws(aws_cli, region, "s3api", "list-objects-v2", "--bucket", target.bucket, "--prefix",
+                target.list_prefix, "--output", "json")
+
+
+def parse_listing(text: str) -> dict[str, int]:
+    doc = json.loads(text) if text.strip() else {}
+    return {o["Key"]: int(o["Size"]) for o in doc.get("Contents") or []}
+
+
+# ---- the thin shell ----
+
+def _run(argv: list[str], stdin: str | None = None) -> str:
+    try:
+        proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise DurableError(f"{' '.join(argv[3:5])} failed: {e}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise DurableError(f"{' '.join(argv[3:5])} failed: {last}")
+    return proc.stdout
+
+
+def upload(target: Target, path: Path, aws_cli: str, region: str) -> None:
+    size, sha = digest(path)
+    rm, put, mark = upload_commands(target, path, aws_cli, region)
+    _run(rm)
+    _run(put)
+    _run(mark, stdin=marker_text(path.name, size, sha))
+
+
+def restore(out: Path, uri: str, aws_cli: str, region: str) -> str | None:
+    """Bring the newest complete checkpoint from S3 into ``out`` when it is newer than every local one: downloaded
+    under a temporary name, verified against its marker, then renamed. Returns what it did, for the log."""
+    try:
+        return _restore(out, parse_target(uri), aws_cli, region)
+    except DurableError as e:
+        raise DurableError(f"--checkpoint-to {uri}: {e}") from None
+
+
+def _restore(out: Path, target: Target, aws_cli: str, region: str) -> str | None:
+    listing = parse_listing(_run(list_command(target, aws_cli, region)))
+    local = newest_local_epoch(out)
+    for name in complete_candidates(target, listing):
+        if not should_restore(local, name):
+            return None
+        marker = parse_marker(_run(_aws(aws_cli, region, "s3", "cp", "--only-show-errors",
+                                        target.url(name) + MARKER_SUFFIX, "-")))
+        if not marker_matches(marker, name, listing[target.key(name)]):
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".{name}.download"
+        try:
+            _run(_aws(aws_cli, region, "s3", "cp", "--only-show-errors", target.url(name), str(tmp)))
+            if not marker_matches(marker, name, *digest(tmp)):
+                continue
+            os.replace(tmp, out / name)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return f"restored {name} from {target.url(name)} (verified: {marker['size']} bytes, sha256 " \
+               f"{marker['sha256'][:12]}...)"
+    return None
+
+
+class Uploader:
+    """Rank 0's background copier: ``submit`` returns at once; one thread uploads, newest first when it fell
+    behind (an older checkpoint still queued is skipped: a restore takes the newest complete one). ``close`` waits
+    for the last copy (the end of training), and returns the names it could not copy."""
+
+    def __init__(self, uri: str, aws_cli: str, region: str, log: Callable[..., None]):
+        self.target, self.aws_cli, self.region, self.log = parse_target(uri), aws_cli, region, log
+        self.failed: list[str] = []
+        self._queue: queue.Queue[Path | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="checkpoint-upload", daemon=True)
+        self._thread.start()
+
+    def submit(self, path: Path) -> None:
+        self._queue.put(path)
+
+    def _work(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get())
+            paths = [p for p in batch if p is not None]
+            if paths:
+                path = paths[-1]
+                try:
+                    upload(self.target, path, self.aws_cli, self.region)
+                    self.log(f"checkpoint {path.name} copied to {self.target.url(path.name)}", flush=True)
+                except DurableError as e:
+                    self.failed.append(path.name)
+                    self.log(f"warning: checkpoint {path.name} not copied to S3: {e}", flush=True)
+            if None in batch:
+                return
+
+    def close(self) -> list[str]:
+        self._queue.put(None)
+        self._thread.join()
+        return self.failed
