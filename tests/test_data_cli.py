@@ -1,7 +1,8 @@
 """`launch data convert` from the command line: on this machine, by hand on N nodes, and on a local cluster.
 
-The cluster test runs the real thing: `launch data convert --cluster local` on a 2-node local sshd cluster
-(its nodes share this machine's filesystem, as cluster nodes share FSx), against a single-machine run.
+The cluster test runs the real thing: `launch data convert --cluster local` on a 2-node rehearsal cluster (each node
+its own machine, converting with the image's venv; they share only /fsx, as cluster nodes share FSx), against a
+single-machine run.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from clusterutil import assert_one_line_error, launch
+from clusterutil import assert_one_line_error, launch, needs_root, on_host, put_on_shared, up
 
 from launcher.cluster import Cluster, Node
 from launcher.plans import dataprep
@@ -101,16 +102,21 @@ def test_cluster_commands_give_each_node_its_share_and_cores():
 
 
 @pytest.mark.cluster
+@needs_root
 def test_convert_on_a_two_node_local_cluster_matches_one_machine(source, tmp_path):
     src, single, manifest = source
-    home, out = tmp_path / "home", tmp_path / "shared"
-    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
+    home, converted = tmp_path / "home", "/fsx/scaletrain/converted"
+    up(home, "--nodes", "2")
     try:
-        proc = launch(home, "data", "convert", str(src), "--out", str(out), "--cluster", "local", *CLI_OPTIONS)
+        on_nodes = put_on_shared(home, src, "/fsx/scaletrain/raw")  # ImageNet uploaded to FSx
+        out = on_host(home, converted)  # where this machine sees what the nodes wrote
+        expected = {**manifest, "options": {**manifest["options"], "source": on_nodes}}  # the nodes' path to SRC
+        proc = launch(home, "data", "convert", on_nodes, "--out", converted, "--cluster", "local", *CLI_OPTIONS)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "[node0] wrote" in proc.stdout and "[node1] wrote" in proc.stdout
-        assert f"wrote {out}/manifest.json (train: 15 samples in 5 shards, val: 6 samples in 3 shards)" in proc.stdout
-        assert json.loads((out / "manifest.json").read_text()) == manifest
+        assert f"wrote {converted}/manifest.json (train: 15 samples in 5 shards, val: 6 samples in 3 shards)" \
+            in proc.stdout
+        assert json.loads((out / "manifest.json").read_text()) == expected
         node_manifests = [json.loads((out / f"manifest.node-{i}-of-2.json").read_text()) for i in range(2)]
         written = [{e["name"] for e in part["shards"]} for part in node_manifests]
         assert written[0] and written[1] and not written[0] & written[1]  # both nodes worked, on disjoint shards
@@ -118,14 +124,15 @@ def test_convert_on_a_two_node_local_cluster_matches_one_machine(source, tmp_pat
             assert (out / entry["name"]).read_bytes() == (single / entry["name"]).read_bytes()
 
         # Started again: every node verifies and keeps its shards.
-        proc = launch(home, "data", "convert", str(src), "--out", str(out), "--cluster", "local", *CLI_OPTIONS)
+        proc = launch(home, "data", "convert", on_nodes, "--out", converted, "--cluster", "local", *CLI_OPTIONS)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "[node0] resuming: " in proc.stdout and "[node1] resuming: " in proc.stdout
-        assert json.loads((out / "manifest.json").read_text()) == manifest
+        assert json.loads((out / "manifest.json").read_text()) == expected
 
-        # A node that fails is named, in one line.
-        proc = launch(home, "data", "convert", str(tmp_path / "missing"), "--out", str(out), "--cluster", "local")
+        # A node that fails is named, in one line: this machine's copy of the source is not on the nodes.
+        proc = launch(home, "data", "convert", str(src), "--out", converted, "--cluster", "local")
         assert_one_line_error(proc, "conversion failed on node0 (exit 1), node1 (exit 1)")
+        assert f"[node0] error: SRC {src} does not exist" in proc.stdout
     finally:
         launch(home, "local", "down")
 
