@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from clusterutil import assert_one_line_error, cluster_state, launch
+from clusterutil import assert_one_line_error, cluster_state, launch, needs_root
 from test_aws_moto import deploy, env, stack_exists  # noqa: F401 -- env is the moto fixture
 
 from infra import ttl
@@ -60,15 +60,15 @@ def test_status_on_a_stopped_node_exits_non_zero(env, no_console, capsys):  # no
 
 
 @pytest.mark.cluster
+@needs_root
 def test_launch_ssh_runs_on_the_named_node_and_refuses_unknown_ones(tmp_path):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
+    launch(home, "local", "up", "--nodes", "2", check=True, timeout=3600)  # rehearsal nodes: each its own hostname
     try:
-        proc = launch(home, "ssh", "node1", "--", "echo", "on", "$SCALETRAIN_NODE", "in", "$SCALETRAIN_WORKDIR",
-                      timeout=60)
+        proc = launch(home, "ssh", "node1", "--", "echo", "on", "$(hostname)", "at", "$(hostname -I)", timeout=60)
         assert proc.returncode == 0, proc.stderr
-        workdir = cluster_state(home)["nodes"][1]["workdir"]
-        assert proc.stdout.strip() == f"on node1 in {workdir}"
+        address = cluster_state(home)["nodes"][1]["address"]
+        assert proc.stdout.split() == ["on", "node1", "at", address]
         # The remote command's exit status comes back as launch's own.
         assert launch(home, "ssh", "node0", "--", "exit", "7", timeout=60).returncode == 7
         assert_one_line_error(launch(home, "ssh", "node9", "--", "true", timeout=60), "node9")
