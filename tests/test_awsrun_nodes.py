@@ -36,6 +36,7 @@ REGION = "eu-west-1"  # the stack's; the nodes' AWS CLI has no default region of
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("awsnodes")
     home = root / "home"
+    # --loopback: the nodes' AWS CLI must reach moto's S3 server on this machine's 127.0.0.1.
     launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     local = Cluster.model_validate(cluster_state(home))
     try:

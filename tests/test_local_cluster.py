@@ -20,6 +20,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture
 def cluster(tmp_path):
     home = tmp_path / "home"
+    # --loopback: this file tests the loopback mode itself (rehearsal nodes: tests/test_rehearsal_cluster.py).
     launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     yield home
     launch(home, "local", "down")
@@ -70,11 +71,13 @@ def test_status_lists_nodes(cluster):
 
 
 def test_up_twice_is_refused(cluster):
+    # --loopback: the fixture's loopback cluster is the one already up.
     assert_one_line_error(launch(cluster, "local", "up", "--loopback", "--nodes", "2"), "already up")
 
 
 def test_down_leaves_no_process(tmp_path):
     home = tmp_path / "home"
+    # --loopback: which sshd processes the loopback mode stops (rehearsal: test_rehearsal_cluster.py's down test).
     launch(home, "local", "up", "--loopback", "--nodes", "2", "--reducers", "1", check=True)
     pids = list(cluster_state(home)["processes"].values())
     assert len(pids) == 3 and all(alive(p) for p in pids)
@@ -87,6 +90,7 @@ def test_down_leaves_no_process(tmp_path):
 
 def test_up_after_a_crash_cleans_stale_state(tmp_path):
     home = tmp_path / "home"
+    # --loopback: the loopback mode's recorded sshd pids after a crash.
     launch(home, "local", "up", "--loopback", "--nodes", "2", check=True)
     old = list(cluster_state(home)["processes"].values())
     for pid in old:  # the machine "crashed": sshd gone, state left behind
@@ -104,21 +108,22 @@ def test_port_already_taken(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
+        # --loopback: ports on 127.0.0.1 are the loopback mode's (rehearsal nodes each answer on port 22).
         proc = launch(tmp_path / "home", "local", "up", "--loopback", "--nodes", "2", "--base-port", str(port))
     assert_one_line_error(proc, f"port {port} on 127.0.0.1 is already in use")
     assert not (tmp_path / "home" / "clusters" / "local").exists()
 
 
 def test_bad_node_counts(tmp_path):
-    assert_one_line_error(launch(tmp_path, "local", "up", "--loopback", "--nodes", "0"), "--nodes must be >= 1")
-    assert_one_line_error(launch(tmp_path, "local", "up", "--loopback", "--nodes", "nope"), "--nodes")
+    assert_one_line_error(launch(tmp_path, "local", "up", "--nodes", "0"), "--nodes must be >= 1")
+    assert_one_line_error(launch(tmp_path, "local", "up", "--nodes", "nope"), "--nodes")
 
 
 def test_no_sshd_on_the_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path))
     monkeypatch.setattr(local, "SSHD", str(tmp_path / "no-such-sshd"))
     with pytest.raises(LaunchError, match="no sshd at .*install openssh-server"):
-        local.up(2, loopback=True)
+        local.up(2, loopback=True)  # loopback: the mode that runs this machine's sshd
 
 
 def test_unknown_cluster(cluster):

@@ -94,7 +94,7 @@ def test_a_node_whose_sshd_is_given_up_at_once_leaves_no_process(tmp_path, monke
     monkeypatch.setattr(local.subprocess, "Popen", recording_popen)
     monkeypatch.setattr(local, "_wait_for_banner", no_banner)
     with pytest.raises(LaunchError, match="did not answer"):
-        local.up(2, loopback=True)
+        local.up(2, loopback=True)  # loopback: its sshd processes and banner wait are what this tests
     sshd = [proc for proc in started if proc.args[0] == local.SSHD]
     assert len(sshd) == 1 and sshd[0].poll() is not None  # stopped and reaped
     time.sleep(0.5)  # long enough for an orphaned child to have exec'ed sshd
