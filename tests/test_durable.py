@@ -78,6 +78,35 @@ def test_upload_removes_the_old_marker_first_and_writes_the_new_one_last():
     assert mark[-2:] == ["-", "s3://b-1/run/checkpoint-epoch004.pt.complete"]
 
 
+# ---- the launcher: `launch train --checkpoint-to` reaches the trainer with the region and the CLI ----
+
+def test_the_launchers_trainer_line_carries_the_store_and_the_trainer_parses_it():
+    from infra.catalog import get
+    from launcher.cluster import AwsInfo
+    from launcher.plans import job, offline
+
+    c = offline.hypothetical_cluster(get("p4d.24xlarge"), 2).model_copy(
+        update={"aws": AwsInfo(stack="st", region=REGION, node_ssh_config="/x")})
+    region, aws_cli = job.checkpoint_store(c, None)
+    assert (region, aws_cli) == (REGION, "/usr/local/bin/aws")  # the stack's region, the image's CLI
+    spec = job.TrainSpec(data="/fsx/d", output="/fsx/r", checkpoint_to=f"s3://{BUCKET}/r1", aws_region=region,
+                         aws_cli=aws_cli, resume=True)
+    argv = job.trainer_argv(c.python, spec)
+    cfg = parse_args(argv[argv.index("training.train") + 1:])
+    assert (cfg.checkpoint_to, cfg.aws_region, cfg.aws_cli, cfg.resume) == (f"s3://{BUCKET}/r1", REGION,
+                                                                             "/usr/local/bin/aws", True)
+    assert "--checkpoint-to" not in job.trainer_argv(c.python, spec.model_copy(update={"checkpoint_to": None}))
+
+
+def test_launch_train_refuses_a_bad_checkpoint_uri_in_one_line(tmp_path):
+    env = {**os.environ, "SCALETRAIN_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "launcher", "train", "--checkpoint-to", "my-bucket/ckpt"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == "error: --checkpoint-to must be s3://BUCKET/PREFIX (a bucket name: 3-63 lowercase " \
+        "letters, digits, '.' or '-'), got 'my-bucket/ckpt'", proc.stderr
+
+
 # ---- against moto's S3 server, with the real AWS CLI ----
 
 def _free_port() -> int:

@@ -61,7 +61,12 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                                            help="When a node is lost (reclaimed, dead, hung), replace it and resume "
                                                 "from the newest complete checkpoint, up to N times; 0: stop with "
                                                 "the error. A failure the trainer names (bad data, a bug) is never "
-                                                "retried.")):
+                                                "retried."),
+          checkpoint_to: str = typer.Option(None, "--checkpoint-to", metavar="s3://BUCKET/PREFIX",
+                                            help="Also copy each epoch's checkpoint to S3 in the background (with a "
+                                                 "completion marker); --resume restores the newest complete one "
+                                                 "from there when --output lost it. The bucket must be in the "
+                                                 "stack's region.")):
     """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
     from training.model import check_model
 
@@ -87,6 +92,13 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         raise LaunchError(f"--probe-interval must be a number of seconds > 0, got {probe_interval:g}")
     if max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if checkpoint_to:
+        from training import durable
+
+        try:
+            durable.parse_target(checkpoint_to)
+        except durable.DurableError as e:
+            raise LaunchError(str(e)) from None
     if probe_misses < 1:
         raise LaunchError(f"--probe-misses must be >= 1, got {probe_misses}")
     if not stall_timeout >= 0:
@@ -113,6 +125,10 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                                  batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
                                  resume=resume or bool(history), engine=engine, reducers=reducers,
                                  extra_args=tuple(trainer_args or ()))
+            if checkpoint_to:
+                store_region, aws_cli = job.checkpoint_store(c, region)
+                spec = spec.model_copy(update={"checkpoint_to": checkpoint_to, "aws_region": store_region,
+                                               "aws_cli": aws_cli})
             result = run.train(c, chosen, spec, make_data=make_data, reducers=c.reducers[:reducers], watch=watch)
             if history:
                 recovery.write_record(c, chosen[0], out, history)

@@ -6,10 +6,13 @@ Golden-tested under tests/golden/; nothing here touches a server.
 from __future__ import annotations
 
 import shlex
+from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict
 
+from ami import paths
 from launcher.cluster import Cluster, Node
+from launcher.errors import LaunchError
 from launcher.plans import loading
 
 ENGINES = ("horovod", "ddp", "reducer")   # training/engine.py's; not imported from there, so plans need no torch
@@ -35,7 +38,22 @@ class TrainSpec(BaseModel):
     resume: bool = False
     engine: str = "horovod"         # horovod, ddp or reducer (training/engine.py)
     reducers: int = 0               # reducer processes (one per reducer node) with the reducer engine
+    checkpoint_to: str | None = None  # s3://BUCKET/PREFIX: each checkpoint copied there (training/durable.py)
+    aws_region: str | None = None   # the bucket's region, given to every AWS CLI call (the nodes have no AWS config)
+    aws_cli: str | None = None      # the AWS CLI on the nodes by its absolute path (ami.paths.AWS_CLI on AWS)
     extra_args: tuple[str, ...] = ()
+
+
+def checkpoint_store(cluster: Cluster, region: str | None) -> tuple[str, str]:
+    """(region, AWS CLI path) the trainer's --checkpoint-to uses on the nodes. On AWS: the stack's region (the
+    node subnet reaches S3 through the VPC's gateway endpoint, which serves its own Region only; see
+    launcher/plans/staging.py ``_s3``) and the image's CLI (ami/paths.py). Locally: the region asked for and the
+    CLI beside the nodes' Python (the dev extra's)."""
+    if cluster.aws:
+        return cluster.aws.region, paths.AWS_CLI
+    if not region:
+        raise LaunchError("--checkpoint-to on a local cluster needs --region REGION (the bucket's)")
+    return region, str(PurePosixPath(cluster.python).parent / "aws")
 
 
 def hostfile(nodes: list[Node]) -> str:
@@ -95,6 +113,9 @@ def trainer_argv(python: str, spec: TrainSpec) -> list[str]:
         argv += ["--engine", spec.engine]
     if spec.reducers:
         argv += ["--reducers", str(spec.reducers)]
+    if spec.checkpoint_to:
+        argv += ["--checkpoint-to", spec.checkpoint_to, "--aws-region", spec.aws_region or "",
+                 "--aws-cli", spec.aws_cli or ""]
     return argv + list(spec.extra_args)
 
 
