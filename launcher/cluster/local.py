@@ -382,9 +382,9 @@ def kill(cluster: Cluster, node: str) -> None:
                           f"boots it again")
     pid = cluster.processes[node]
     if cluster.rehearsal is not None:
-        from launcher.cluster import rehearsal
+        from launcher.cluster import rehearsal_nodes
 
-        rehearsal.stop(pid)
+        rehearsal_nodes.stop(pid)
         return
     for victim in [pid, *_descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):

@@ -25,6 +25,7 @@ from ami import paths
 from launcher import render
 from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, save
 from launcher.cluster import rehearsal as rh
+from launcher.cluster import rehearsal_nodes as nodes_
 from launcher.errors import LaunchError
 from launcher.plans import rehearsal as plan
 
@@ -64,7 +65,7 @@ def leftovers(d: Path) -> dict:
 def running_nodes(cluster: Cluster) -> list[str]:
     d = cluster_dir(cluster.name)
     assert cluster.rehearsal is not None
-    return [n for n, pid in cluster.processes.items() if rh.is_ours(pid, cluster.rehearsal.netns.get(n, ""))
+    return [n for n, pid in cluster.processes.items() if nodes_.is_ours(pid, cluster.rehearsal.netns.get(n, ""))
             and (d / "nodes" / n).is_dir()]
 
 
@@ -81,18 +82,18 @@ def remove(d: Path) -> int:
     running = 0
     for name, made in rec.get("nodes", {}).items():
         pid = _pid(d / "nodes" / name)
-        if pid is not None and rh.is_ours(pid, made["netns"]):
+        if pid is not None and nodes_.is_ours(pid, made["netns"]):
             running += 1
-            rh.stop(pid)
-        rh.remove_node_net(made["netns"], made["veth"])
+            nodes_.stop(pid)
+        nodes_.remove_node_net(made["netns"], made["veth"])
     if rec.get("bridge"):
-        rh.remove_network(rec["bridge"])
+        nodes_.remove_network(rec["bridge"])
     subprocess.run(["rm", "-rf", "--one-file-system", str(d)], check=False)
     return running
 
 
 def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, shared: Path, user_pub: str,
-               address: str | None = None) -> rh.Booted:
+               address: str | None = None) -> nodes_.Booted:
     node_dir = d / "nodes" / name
     if node_dir.exists():
         subprocess.run(["rm", "-rf", "--one-file-system", str(node_dir)], check=False)
@@ -100,15 +101,15 @@ def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, shared
     net = netw.node(name)
     if address:
         net = dataclasses.replace(net, address=address)
-    if rh.netns_exists(net.netns):
+    if nodes_.netns_exists(net.netns):
         raise LaunchError(f"network namespace {net.netns} already exists and is not this cluster's; remove it "
                           f"with `ip netns del {net.netns}` or give the cluster another --name")
     try:
-        rh.make_node_net(netw, net)
+        nodes_.make_node_net(netw, net)
     finally:  # whatever part of it was made (the namespace before the veth) is ours to remove
-        if rh.netns_exists(net.netns):
+        if nodes_.netns_exists(net.netns):
             _record(d, node=net)
-    return rh.boot(name, net.netns, net.address, layers, node_dir, shared, user_pub)
+    return nodes_.boot(name, net.netns, net.address, layers, node_dir, shared, user_pub)
 
 
 def _access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
@@ -139,7 +140,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None) -> Clust
     roles = node_names(nodes, reducers)
     layers = rh.ensure_root()
     d = cluster_dir(name)
-    netw = plan.network(str(d.resolve()), [n for n, _ in roles], subnet or plan.free_subnet(rh.host_routes()))
+    netw = plan.network(str(d.resolve()), [n for n, _ in roles], subnet or plan.free_subnet(nodes_.host_routes()))
     d.mkdir(parents=True, mode=0o700)
     try:
         user = getpass.getuser()
@@ -150,7 +151,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None) -> Clust
         shared = d / "shared"
         shared.mkdir(mode=0o755)
         (shared / "scaletrain").mkdir(mode=0o1777)
-        rh.make_network(netw)
+        nodes_.make_network(netw)
         _record(d, bridge=netw.bridge)
         cpus = cpus_per_node(os.cpu_count() or 1, len(roles))
         booted = {}
@@ -202,7 +203,7 @@ def replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, list
     addresses = {n.name: n.address for n in cluster.nodes}
     for name in names:
         net = netw.node(name)
-        rh.remove_node_net(net.netns, net.veth)
+        nodes_.remove_node_net(net.netns, net.veth)
         addresses[name] = plan.replacement_address(cluster.rehearsal.subnet, taken)
         taken.add(addresses[name])
         b = _boot_node(d, netw, name, layers, Path(cluster.rehearsal.shared_host), user_pub, addresses[name])

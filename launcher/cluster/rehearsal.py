@@ -15,8 +15,6 @@ import io
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,7 +40,7 @@ def say(text: str) -> None:
     print(f"[rehearsal] {text}", file=sys.stderr, flush=True)
 
 
-def _run(cmd: list[str], what: str, *, log: Path | None = None, timeout: float | None = None) -> str:
+def run_tool(cmd: list[str], what: str, *, log: Path | None = None, timeout: float | None = None) -> str:
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=timeout)
@@ -154,7 +152,7 @@ def _build_mounts(root: Path, log: Path, binds: list[Path]):
     made: list[Path] = []
     try:
         for fs, target in (("proc", "proc"), ("sysfs", "sys")):
-            _run(["mount", "-t", fs, fs, str(root / target)], f"mounting {target} in the build root", log=log)
+            run_tool(["mount", "-t", fs, fs, str(root / target)], f"mounting {target} in the build root", log=log)
             made.append(root / target)
         for src, target in [(Path("/dev"), root / "dev"), (Path("/dev/pts"), root / "dev/pts"),
                             *((p, root / str(p).lstrip("/")) for p in binds)]:
@@ -163,10 +161,10 @@ def _build_mounts(root: Path, log: Path, binds: list[Path]):
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.touch()
-            _run(["mount", "--bind", str(src), str(target)], f"binding {src} into the build root", log=log)
+            run_tool(["mount", "--bind", str(src), str(target)], f"binding {src} into the build root", log=log)
             made.append(target)
             if src not in (Path("/dev"), Path("/dev/pts")):
-                _run(["mount", "-o", "remount,bind,ro", str(target)], f"making {src} read-only", log=log)
+                run_tool(["mount", "-o", "remount,bind,ro", str(target)], f"making {src} read-only", log=log)
         yield
     finally:
         for target in reversed(made):
@@ -185,7 +183,7 @@ def _chroot_step(root: Path, step: plan.Step, log: Path) -> None:
     with open(log, "a") as f:
         f.write(f"\n== {step.script}\n")
     try:
-        _run(cmd, f"the image recipe's {step.script}", log=log, timeout=3600)
+        run_tool(cmd, f"the image recipe's {step.script}", log=log, timeout=3600)
     except LaunchError as e:
         raise LaunchError(f"building the rehearsal root: {e}; full log {log}") from None
     say(f"{step.script} done in {time.monotonic() - start:.0f} s")
@@ -308,7 +306,7 @@ def _build_system(dest: Path, steps: list[plan.Step], wheel: Path | None, progre
     start = time.monotonic()
     try:
         base = _debootstrap(dest.parent, progress)
-        _run(["cp", "-a", str(base), str(root)], "copying the Debian base", log=log)
+        run_tool(["cp", "-a", str(base), str(root)], "copying the Debian base", log=log)
         shutil.copy2("/etc/resolv.conf", root / "etc/resolv.conf")
         _install_scripts(root, steps)
         binds = _pip_sources()
@@ -340,7 +338,7 @@ def _debootstrap(cache: Path, progress: Callable[[str], None]) -> Path:
     tmp.mkdir(parents=True)
     start = time.monotonic()
     try:
-        _run(["debootstrap", "--variant=minbase", f"--include={','.join(plan.BASE_PACKAGES)}", plan.SUITE,
+        run_tool(["debootstrap", "--variant=minbase", f"--include={','.join(plan.BASE_PACKAGES)}", plan.SUITE,
               str(tmp / "root"), mirror], f"debootstrap of Debian {plan.SUITE} from {mirror}",
              log=tmp / "debootstrap.log", timeout=1800)
         _settle(tmp, dest)
@@ -369,7 +367,7 @@ def _build_project(dest: Path, system: Path, step: plan.Step, archive: bytes,
     progress("installing the project into the rehearsal root (ami/components/scaletrain.sh)")
     mounted = False
     try:
-        _run(["mount", "-t", "overlay", "overlay", "-o",
+        run_tool(["mount", "-t", "overlay", "overlay", "-o",
               f"lowerdir={system / 'root'},upperdir={upper},workdir={work}", str(merged)],
              "mounting the build overlay", log=log)
         mounted = True
@@ -392,121 +390,3 @@ def _build_project(dest: Path, system: Path, step: plan.Step, archive: bytes,
         _remove(tmp)
         raise
     progress(f"project layer built in {time.monotonic() - start:.0f} s")
-
-
-# -- the network and the nodes ---------------------------------------------------------------------------------------
-
-def host_routes() -> list[str]:
-    out = _run(["ip", "-j", "route", "show"], "reading the host's routes")
-    return [r.get("dst", "") for r in json.loads(out or "[]")]
-
-
-def link_exists(name: str) -> bool:
-    return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
-
-
-def netns_exists(name: str) -> bool:
-    return name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-
-
-def make_network(netw: plan.Network) -> None:
-    if link_exists(netw.bridge):
-        raise LaunchError(f"a network interface named {netw.bridge} already exists; `launch local down` removes "
-                          f"a rehearsal cluster's, or give this cluster another --name")
-    used = plan.overlapping(netw.subnet, host_routes())
-    if used:
-        raise LaunchError(f"--subnet {netw.subnet} overlaps {', '.join(used)}, already routed on this machine; "
-                          f"choose a free private subnet with --subnet")
-    for cmd in plan.network_commands(netw):
-        _run(cmd, f"making bridge {netw.bridge}")
-
-
-def remove_network(bridge: str) -> None:
-    if link_exists(bridge):
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-
-
-def make_node_net(netw: plan.Network, node: plan.NodeNet) -> None:
-    if netns_exists(node.netns):
-        raise LaunchError(f"network namespace {node.netns} already exists; `launch local down` removes it")
-    for cmd in plan.node_net_commands(netw, node):
-        _run(cmd, f"making {node.name}'s network")
-
-
-def remove_node_net(node_netns: str, veth: str) -> None:
-    if link_exists(veth):
-        subprocess.run(["ip", "link", "del", veth], capture_output=True)
-    if netns_exists(node_netns):
-        subprocess.run(["ip", "netns", "del", node_netns], capture_output=True)
-
-
-@dataclass(frozen=True)
-class Booted:
-    pid: int                                 # unshare's pid on this machine: the node ends with it
-    host_keys: list[str]
-
-
-def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, shared: Path, authorized_key: str,
-         timeout_s: float = 30.0) -> Booted:
-    """Boot one node in its namespace and wait until its sshd answers; its host keys from what it printed."""
-    upper, work, merged = node_dir / "upper", node_dir / "work", node_dir / "merged"
-    for d in (upper, work, merged):
-        d.mkdir(parents=True, exist_ok=True)
-    ssh = upper / "root/.ssh"
-    ssh.mkdir(parents=True, mode=0o700, exist_ok=True)
-    (ssh / "authorized_keys").write_text(authorized_key)  # as EC2 puts the launch's key pair (cloud-init)
-    (ssh / "authorized_keys").chmod(0o600)
-    script = node_dir / "boot.sh"
-    script.write_text(plan.boot_script(node=node, lowerdirs=layers.lowerdirs(), upper=str(upper), work=str(work),
-                                       merged=str(merged), shared=str(shared)))
-    console = node_dir / "console.log"
-    with open(console, "wb") as out:
-        proc = subprocess.Popen(["ip", "netns", "exec", netns, "unshare", "--mount", "--uts", "--ipc", "--pid",
-                                 "--fork", "--kill-child", "--", "bash", str(script)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    (node_dir / "unshare.pid").write_text(f"{proc.pid}\n")  # before waiting: a crash mid-boot still finds it
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = console.read_text(errors="replace")
-        if proc.poll() is not None:
-            raise LaunchError(f"{node} did not boot: {plan.last_lines(text)} (console: {console})")
-        if plan.sshd_listening(text) and _banner(address):
-            from launcher.cluster.aws.access import host_keys_from_console
-            return Booted(proc.pid, host_keys_from_console(text))
-        time.sleep(0.1)
-    stop(proc.pid)
-    raise LaunchError(f"{node} did not answer on {address}:22 within {timeout_s:.0f} s; console: {console}")
-
-
-def _banner(address: str) -> bool:
-    try:
-        with socket.create_connection((address, 22), timeout=1) as s:
-            return s.recv(64).startswith(b"SSH-2.0")
-    except OSError:
-        return False
-
-
-def is_ours(pid: int, netns: str) -> bool:
-    """Is `pid` still the unshare we started for this node (its command line names the node's namespace or boot
-    script)? Guards against a recycled pid."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
-    return "unshare" in cmdline and "boot.sh" in cmdline and (netns in cmdline or "--kill-child" in cmdline)
-
-
-def stop(pid: int, timeout_s: float = 5.0) -> None:
-    """End a node at once, as an instance stops: SIGKILL to unshare, whose --kill-child takes the node's pid 1,
-    and with it every process in the node's PID namespace."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        if not Path(f"/proc/{pid}").exists():
-            return
-        time.sleep(0.05)
