@@ -70,7 +70,10 @@ def test_by_hand_on_two_nodes_then_merge(source, tmp_path):
         (["{src}", "--out", "{tmp}/o", "--node-index", "2", "--node-count", "2"],
          "node_index must be between 0 and node_count - 1 (1), got 2"),
         (["{src}", "--out", "o", "--merge"], "--merge takes only --out and --node-count"),
-        (["{src}", "--out", "o", "--cluster", "nosuch"], "unknown cluster 'nosuch'"),
+        (["{src}", "--out", "/fsx/o", "--cluster", "nosuch"], "unknown cluster 'nosuch'"),
+        # With --cluster the paths are the nodes': a relative one would be resolved against this machine.
+        (["raw", "--out", "/fsx/o", "--cluster", "nosuch"], "SRC raw must be an absolute path as the nodes see it"),
+        (["/fsx/raw", "--out", "~/o", "--cluster", "nosuch"], "--out ~/o must be an absolute path as the nodes"),
         (["{src}", "--out", "o", "--resize", "x"], "Invalid value for '--resize'"),
     ],
 )
