@@ -57,12 +57,22 @@ def network_interfaces(
 
 
 class NodeIdentity(Construct):
-    """The role and instance profile every node uses: SSM Session Manager, and read access to ``data_bucket``.
+    """The role and instance profile every node uses: SSM Session Manager, read access to ``data_bucket``, and with
+    ``checkpoint_bucket`` what ``launch train --checkpoint-to`` needs under ``checkpoint_prefix`` there.
 
-    Nothing else: nodes cannot write to S3, call other AWS APIs, or read any other bucket.
+    Nothing else: nodes cannot write to S3 outside that prefix, call other AWS APIs, or read any other bucket.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, cluster_name: str, data_bucket: str | None) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster_name: str,
+        data_bucket: str | None,
+        checkpoint_bucket: str | None = None,
+        checkpoint_prefix: str = "",
+    ) -> None:
         super().__init__(scope, construct_id)
         self.role = iam.Role(
             self,
@@ -91,8 +101,52 @@ class NodeIdentity(Construct):
                     "appliesTo": [f"Resource::arn:<AWS::Partition>:s3:::{data_bucket}/*"],
                 }
             )
+        if checkpoint_bucket is not None:
+            suppressions.append(self._grant_checkpoints(checkpoint_bucket, checkpoint_prefix))
         NagSuppressions.add_resource_suppressions(self.role, suppressions, apply_to_children=True)
         self.profile = iam.CfnInstanceProfile(self, "InstanceProfile", roles=[self.role.role_name])
+
+    def _grant_checkpoints(self, bucket: str, prefix: str) -> dict[str, object]:
+        """What training/durable.py's AWS CLI calls need on ``s3://bucket/prefix/``, and only there; returns the
+        cdk-nag suppression for the prefix wildcard.
+
+        The IAM action each S3 operation needs
+        (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html, "API operations
+        defined by Amazon S3" and "Actions defined by Amazon S3"):
+        - ``aws s3 cp FILE s3://...`` (the checkpoint, then the marker from stdin): PutObject, and for a file above
+          the CLI's 8 MiB multipart threshold CreateMultipartUpload, UploadPart and CompleteMultipartUpload, which
+          are all authorized by s3:PutObject; a failed multipart upload is aborted by the CLI
+          (AbortMultipartUpload: s3:AbortMultipartUpload), or its parts stay stored and billed;
+        - ``aws s3 cp s3://... -`` / ``... FILE`` (the restore): HeadObject and GetObject, both s3:GetObject;
+        - ``aws s3 rm`` of the old marker: DeleteObject, s3:DeleteObject (the bucket is not versioned by us;
+          DeleteObjectVersion is not asked for);
+        - ``aws s3api list-objects-v2 --prefix PREFIX/``: ListObjectsV2, s3:ListBucket on the bucket ARN, limited
+          to that prefix with the s3:prefix condition key
+          (https://docs.aws.amazon.com/AmazonS3/latest/userguide/amazon-s3-policy-keys.html, "Example: Limiting
+          the list of objects to a specific prefix"; StringLike ``PREFIX/*`` matches ``PREFIX/`` itself).
+        Object actions take the object ARN ``arn:aws:s3:::BUCKET/KEY``; ListBucket takes the bucket ARN
+        (same page, "Resource types defined by Amazon S3").
+        """
+        bucket_arn = f"arn:{Aws.PARTITION}:s3:::{bucket}"
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                resources=[f"{bucket_arn}/{prefix}/*"],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[bucket_arn],
+                conditions={"StringLike": {"s3:prefix": f"{prefix}/*"}},
+            )
+        )
+        return {
+            "id": "AwsSolutions-IAM5",
+            "reason": "write, read and delete checkpoints under the one prefix the user named "
+            "(launch train --checkpoint-to), and nowhere else",
+            "appliesTo": [f"Resource::arn:<AWS::Partition>:s3:::{bucket}/{prefix}/*"],
+        }
 
 
 class NodeGroup(Construct):

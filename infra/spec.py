@@ -23,6 +23,7 @@ from infra import catalog, layout
 
 __all__ = [
     "CAPACITY_BLOCK_TYPES",
+    "CHECKPOINT_PREFIX_DEFAULT",
     "CONTEXT_KEYS",
     "FSX_DEFAULT_CAPACITY_GIB",
     "IMAGE_BUILD_COMMAND",
@@ -45,6 +46,13 @@ _CAPACITY_RESERVATION = re.compile(r"cr-[0-9a-f]{17}")
 # S3 bucket naming rules (general purpose buckets): 3-63 characters, lowercase letters, digits, dots and
 # hyphens, beginning and ending with a letter or digit, no two adjacent dots, not shaped like an IP address.
 _BUCKET = re.compile(r"(?!\d+\.\d+\.\d+\.\d+$)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# A key prefix for checkpoints, without leading or trailing '/': segments of the characters S3 calls safe in object
+# keys (https://docs.aws.amazon.com/AmazonS3/latest/userguide/object-keys.html, "Safe characters") less '!', '*',
+# "'", '(' and ')'. It becomes part of an IAM resource ARN and an s3:prefix condition, where '*' and '?' are
+# wildcards and '${...}' a policy variable (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_resource.html,
+# "Including wildcard characters in the resource ARN"), so those could only widen or break the grant.
+_KEY_PREFIX = re.compile(r"(?!.*(?:^|/)\.{1,2}(?:/|$))[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
+CHECKPOINT_PREFIX_DEFAULT = "scaletrain-checkpoints"
 _PLACEMENT_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 # FSx for Lustre SCRATCH_2 sizes: 1.2 TiB or a multiple of 2.4 TiB
@@ -99,6 +107,12 @@ class ClusterSpec(BaseModel):
     storage: Literal["fsx", "beegfs", "none"] = "none"
     fsx_capacity_gib: int | None = Field(default=None, description="FSx for Lustre size; None = 1200 with fsx")
     data_bucket: str | None = Field(default=None, description="S3 bucket nodes may read; FSx imports from it")
+    checkpoint_bucket: str | None = Field(
+        default=None, description="S3 bucket nodes may write checkpoints to, under checkpoint_prefix only"
+    )
+    checkpoint_prefix: str = Field(
+        default=CHECKPOINT_PREFIX_DEFAULT, description="key prefix in checkpoint_bucket the nodes may write under"
+    )
     efa: bool | None = Field(default=None, description="EFA on the workers; None = whenever the type has it")
     spot: bool = False
     capacity_reservation_id: str | None = Field(default=None, description="cr-... the workers launch into; needs az")
@@ -186,6 +200,23 @@ class ClusterSpec(BaseModel):
             raise ValueError("allowed: an S3 bucket name such as my-imagenet-shards (no s3:// prefix, no path)")
         return value
 
+    @field_validator("checkpoint_bucket")
+    @classmethod
+    def _checkpoint_bucket(cls, value: str | None) -> str | None:
+        if value is not None and not _BUCKET.fullmatch(value):
+            raise ValueError("allowed: an S3 bucket name such as my-checkpoints (no s3:// prefix, no path)")
+        return value
+
+    @field_validator("checkpoint_prefix")
+    @classmethod
+    def _checkpoint_prefix(cls, value: str) -> str:
+        if not _KEY_PREFIX.fullmatch(value):
+            raise ValueError(
+                "allowed: a key prefix such as team/checkpoints: '/'-separated segments of letters, digits, '.', '_' "
+                "or '-', no leading or trailing '/', no '.' or '..' segment"
+            )
+        return value
+
     @field_validator("placement_group")
     @classmethod
     def _placement_group(cls, value: str | None) -> str | None:
@@ -261,6 +292,8 @@ class ClusterSpec(BaseModel):
                 f"allowed: less than ttl_hours={self.ttl_hours:g} ({self.ttl_hours * 60:g} minutes), which deletes "
                 "the stack first anyway",
             )
+        if "checkpoint_prefix" in self.model_fields_set and self.checkpoint_bucket is None:
+            raise _CrossFieldError("checkpoint_prefix", self.checkpoint_prefix, "allowed only with checkpoint_bucket")
         if self.fsx_capacity_gib is not None and self.storage != "fsx":
             raise _CrossFieldError("fsx_capacity_gib", self.fsx_capacity_gib, "allowed only with storage=fsx")
         return self
@@ -325,6 +358,12 @@ class ClusterSpec(BaseModel):
             f"root_volume_gib={self.root_volume_gib}: the image's root snapshot is {image_root_gib} GiB and EC2 "
             f"refuses a smaller volume; allowed: {image_root_gib} or more, or leave it out to use the image's size"
         )
+
+    @property
+    def checkpoint_location(self) -> str | None:
+        """``s3://BUCKET/PREFIX``, where ``launch train --checkpoint-to`` may copy checkpoints (the node role's write
+        grant, infra.compute.NodeIdentity); None without ``checkpoint_bucket``."""
+        return None if self.checkpoint_bucket is None else f"s3://{self.checkpoint_bucket}/{self.checkpoint_prefix}"
 
     @property
     def placement(self) -> Literal["new", "given", "none"]:

@@ -91,7 +91,14 @@ class ClusterStack(Stack):
             placement_group_name = spec.placement_group
 
         image_id = spec.ami if spec.ami is not None else self._image_parameter(spec)
-        identity = NodeIdentity(self, "NodeIdentity", cluster_name=spec.cluster_name, data_bucket=spec.data_bucket)
+        identity = NodeIdentity(
+            self,
+            "NodeIdentity",
+            cluster_name=spec.cluster_name,
+            data_bucket=spec.data_bucket,
+            checkpoint_bucket=spec.checkpoint_bucket,
+            checkpoint_prefix=spec.checkpoint_prefix,
+        )
         common = {
             "cluster_name": spec.cluster_name,
             "subnet": network.subnet,

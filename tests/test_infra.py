@@ -442,6 +442,65 @@ def test_instance_role_is_ssm_core_plus_reading_the_data_bucket(p3dn_fsx: Synth,
     ] == []
 
 
+@pytest.fixture(scope="module")
+def p4d_checkpoints() -> Synth:
+    # The same bucket for data and checkpoints: the read grant must not widen the write one, nor the reverse.
+    return Synth(nodes="2", data_bucket="my-ckpts", checkpoint_bucket="my-ckpts", checkpoint_prefix="team/runs")
+
+
+S3_WRITES = {"s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:*", "*"}
+
+
+def _role_statements(synth: Synth) -> list[dict[str, Any]]:
+    role_id, _ = _instance_role(synth)
+    return [
+        s
+        for p in synth.resources("AWS::IAM::Policy").values()
+        if {"Ref": role_id} in p["Properties"]["Roles"]
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def _actions(statement: dict[str, Any]) -> set[str]:
+    return {statement["Action"]} if isinstance(statement["Action"], str) else set(statement["Action"])
+
+
+def test_checkpoint_bucket_lets_the_nodes_write_under_its_prefix_only(p4d_checkpoints: Synth) -> None:
+    """What training/durable.py's AWS CLI calls need (s3 cp up and down, s3 rm of the marker, s3api
+    list-objects-v2 --prefix PREFIX/), on PREFIX/* and nowhere else: without it they fail with AccessDenied."""
+    statements = {
+        (tuple(sorted(_actions(s))), render(s["Resource"]), json.dumps(s.get("Condition"), sort_keys=True))
+        for s in _role_statements(p4d_checkpoints)
+    }
+    assert statements == {
+        # data_bucket: read-only, as before
+        (("s3:GetBucketLocation", "s3:ListBucket"), "arn:<AWS::Partition>:s3:::my-ckpts", "null"),
+        (("s3:GetObject",), "arn:<AWS::Partition>:s3:::my-ckpts/*", "null"),
+        # checkpoint_bucket: objects under the prefix, and listing that prefix only
+        (
+            ("s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"),
+            "arn:<AWS::Partition>:s3:::my-ckpts/team/runs/*",
+            "null",
+        ),
+        (
+            ("s3:ListBucket",),
+            "arn:<AWS::Partition>:s3:::my-ckpts",
+            json.dumps({"StringLike": {"s3:prefix": "team/runs/*"}}, sort_keys=True),
+        ),
+    }
+    matches = lint(json.dumps(p4d_checkpoints.json), config=ManualArgs(regions=[p4d_checkpoints.stack.region]))
+    assert [m for m in matches if m.rule.id.startswith("E")] == []
+    assert _nag_findings(p4d_checkpoints.stack) == []
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_without_checkpoint_bucket_the_nodes_write_to_no_bucket(name: str, request: pytest.FixtureRequest) -> None:
+    synth = shape(request, name)
+    assert [s for s in _role_statements(synth) if _actions(s) & S3_WRITES] == []
+    _, role = _instance_role(synth)
+    assert "Policies" not in role  # no inline policy either
+
+
 # --- Capacity, spot, reservations -------------------------------------------------------------------------------------
 
 

@@ -147,6 +147,22 @@ def test_beegfs_ram_disk_is_a_quarter_of_worker_memory_and_roles_name_every_node
         ({"data_bucket": "My_Data"}, "data_bucket='My_Data': allowed: an S3 bucket name"),
         ({"data_bucket": "10.0.0.1"}, "data_bucket='10.0.0.1': allowed: an S3 bucket name"),
         ({"root_device": "/dev/sdb"}, "root_device='/dev/sdb': input should be '/dev/sda1' or '/dev/xvda'"),
+        # The checkpoint bucket becomes an IAM resource ARN: a URI, a path or a name S3 refuses would grant nothing.
+        ({"checkpoint_bucket": "s3://my-ckpts"}, "checkpoint_bucket='s3://my-ckpts': allowed: an S3 bucket name"),
+        ({"checkpoint_bucket": "my-ckpts/run1"}, "checkpoint_bucket='my-ckpts/run1': allowed: an S3 bucket name"),
+        ({"checkpoint_bucket": "ab"}, "checkpoint_bucket='ab': allowed: an S3 bucket name"),
+        ({"checkpoint_bucket": "a..b"}, "checkpoint_bucket='a..b': allowed: an S3 bucket name"),
+        ({"checkpoint_bucket": "192.168.5.4"}, "checkpoint_bucket='192.168.5.4': allowed: an S3 bucket name"),
+        ({"checkpoint_bucket": "b", "checkpoint_prefix": "x"}, "checkpoint_bucket='b': allowed: an S3 bucket name"),
+        # The prefix becomes part of arn:...:s3:::BUCKET/PREFIX/* and of the s3:prefix condition: IAM wildcards,
+        # policy variables, empty or dot segments would widen or break the grant.
+        ({"checkpoint_bucket": "my-ckpts", "checkpoint_prefix": "/runs"}, "checkpoint_prefix='/runs': allowed: "),
+        ({"checkpoint_bucket": "my-ckpts", "checkpoint_prefix": "runs/"}, "checkpoint_prefix='runs/': allowed: "),
+        ({"checkpoint_bucket": "my-ckpts", "checkpoint_prefix": "runs*"}, "checkpoint_prefix='runs*': allowed: "),
+        ({"checkpoint_bucket": "my-ckpts", "checkpoint_prefix": "a//b"}, "checkpoint_prefix='a//b': allowed: "),
+        ({"checkpoint_bucket": "my-ckpts", "checkpoint_prefix": "a/../b"}, "checkpoint_prefix='a/../b': allowed: "),
+        ({"checkpoint_bucket": "my-ckpts", "checkpoint_prefix": "${aws:userid}"}, "checkpoint_prefix='${aws:userid}"),
+        ({"checkpoint_prefix": "runs"}, "checkpoint_prefix='runs': allowed only with checkpoint_bucket"),
         # ssh_cidr is gone: the VPC has no internet gateway, so no rule could let anyone outside reach port 22.
         ({"ssh_cidr": "203.0.113.0/24"}, "ssh_cidr='203.0.113.0/24': removed: the cluster's VPC has no internet"),
         ({"ssh_cidr": "0.0.0.0/0"}, "ssh_cidr='0.0.0.0/0': removed:"),
@@ -192,6 +208,16 @@ def test_context_strings_are_coerced_and_empty_strings_mean_not_given() -> None:
     cluster = spec(nodes="3", spot="false", reducers="2", ssh_cidr="", efa="", fsx_capacity_gib="", ttl_hours="1.5")
     assert (cluster.nodes, cluster.spot, cluster.reducers, cluster.efa) == (3, False, 2, None)
     assert cluster.ttl_hours == 1.5
+
+
+def test_checkpoint_bucket_is_off_unless_given_and_its_prefix_defaults() -> None:
+    assert (spec().checkpoint_bucket, spec(checkpoint_bucket="").checkpoint_bucket) == (None, None)
+    given = spec(checkpoint_bucket="my-ckpts")
+    assert (given.checkpoint_bucket, given.checkpoint_prefix) == ("my-ckpts", "scaletrain-checkpoints")
+    assert given.checkpoint_location == "s3://my-ckpts/scaletrain-checkpoints"
+    nested = spec(checkpoint_bucket="my.ckpts-1", checkpoint_prefix="team_a/resnet-50.v2")
+    assert nested.checkpoint_location == "s3://my.ckpts-1/team_a/resnet-50.v2"
+    assert spec().checkpoint_location is None
 
 
 def test_idle_minutes_is_off_unless_given() -> None:
