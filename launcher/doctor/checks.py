@@ -19,6 +19,7 @@ from ami import paths
 from infra.catalog import InstanceType
 from infra.layout import BEEGFS_MOUNT_POINT, FSX_MOUNT_POINT, efa_device_count, interfaces
 from launcher.cluster import WORKDIR_SHELL
+from launcher.doctor.busbw import parse_bus_bandwidth, parse_largest_busbw
 
 Status = Literal["ok", "fail", "skip"]
 STORAGE_CHOICES = ("auto", "fsx", "beegfs", "none")
@@ -401,22 +402,6 @@ def check_clock(node_time: str, sent: float, received: float, limit_s: float = C
 
 
 # --- Multi-node NCCL allreduce ------------------------------------------------------------------------------------
-
-def parse_bus_bandwidth(output: str) -> float | None:
-    """nccl-tests' ``# Avg bus bandwidth    : 42.1523`` (GB/s); None when absent."""
-    found = re.search(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)", output)
-    return float(found.group(1)) if found else None
-
-
-def parse_largest_busbw(output: str) -> tuple[int, float] | None:
-    """(size in bytes, out-of-place bus bandwidth GB/s) of the largest message all_reduce_perf ran."""
-    rows = []
-    for line in output.splitlines():
-        fields = line.split()
-        if len(fields) >= 9 and not line.lstrip().startswith("#") and fields[0].isdigit():
-            rows.append((int(fields[0]), float(fields[7])))
-    return max(rows) if rows else None
-
 
 def check_bus_bandwidth(rc: int, output: str, instance: InstanceType, nodes: int) -> Check:
     """The largest message's bus bandwidth (the average over all sizes is dominated by latency) against the
