@@ -47,12 +47,15 @@ class TrainSpec(BaseModel):
 def checkpoint_store(cluster: Cluster, region: str | None) -> tuple[str, str]:
     """(region, AWS CLI path) the trainer's --checkpoint-to uses on the nodes. On AWS: the stack's region (the
     node subnet reaches S3 through the VPC's gateway endpoint, which serves its own Region only; see
-    launcher/plans/staging.py ``_s3``) and the image's CLI (ami/paths.py). Locally: the region asked for and the
-    CLI beside the nodes' Python (the dev extra's)."""
+    launcher/plans/staging.py ``_s3``) and the image's CLI (ami/paths.py). Locally: the region asked for, and on
+    rehearsal nodes the image's CLI too (the recipe's aws-cli.sh installed it there); on loopback nodes the CLI
+    beside the nodes' Python (the dev extra's)."""
     if cluster.aws:
         return cluster.aws.region, paths.AWS_CLI
     if not region:
         raise LaunchError("--checkpoint-to on a local cluster needs --region REGION (the bucket's)")
+    if not cluster.shares_launcher_fs:
+        return region, paths.AWS_CLI
     return region, str(PurePosixPath(cluster.python).parent / "aws")
 
 
