@@ -145,8 +145,8 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                 or f"mpirun on {chosen[0].name} exited {result.exit_code}"
             at = restarts.progress(result.lines)
             lost = restarts.lost_nodes(result.lines, silent, [n.name for n in used])
-            if result.stopped and not lost:  # the watchdog stopped it: the node that stopped answering is lost
-                lost = tuple(n.name for n in used if n.name in result.stopped)
+            if result.stopped and not lost:  # the watchdog stopped it: the nodes it gave up on are lost
+                lost = tuple(n.name for n in used if n.name in result.silent)
             verdict = restarts.decide(why, lost, trainer_error=restarts.trainer_error(result.lines),
                                       restarts_done=len(history), max_restarts=max_restarts,
                                       previous_lost=history[-1].lost if history else None, progressed=at is not None)
