@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cluster.local import descendants
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -71,23 +73,6 @@ def launch_background(home: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "SCALETRAIN_HOME": str(home), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     return subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=ROOT, text=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo += children.get(p, [])
-    return found
 
 
 def kill_node(home: Path, node: str, name: str = "local") -> list[int]:

@@ -356,7 +356,8 @@ def replace(cluster: Cluster, requested: list[str]) -> tuple[Cluster, list[Repla
                  for n in names]
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -386,7 +387,7 @@ def kill(cluster: Cluster, node: str) -> None:
 
         rehearsal_nodes.stop(pid)
         return
-    for victim in [pid, *_descendants(pid)]:
+    for victim in [pid, *descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
