@@ -29,7 +29,7 @@ from clusterutil import (
 
 from launcher import cluster as clusters
 from launcher.cluster import local
-from launcher.cluster import rehearsal as rh
+from launcher.cluster import rehearsal_nodes as nodes_
 from launcher.errors import LaunchError
 
 pytestmark = [pytest.mark.cluster, needs_root]
@@ -134,7 +134,7 @@ def test_a_replacement_that_does_not_start_changes_nothing(tmp_path, monkeypatch
         def no_boot(node, *args, **kwargs):
             raise LaunchError(f"{node} did not boot: sshd: no hostkeys available -- exiting.")
 
-        monkeypatch.setattr(rh, "boot", no_boot)
+        monkeypatch.setattr(nodes_, "boot", no_boot)
         with pytest.raises(LaunchError, match="node1 did not boot"):
             local.replace(c, [])
         assert {p: p.read_text() for p in files} == files
