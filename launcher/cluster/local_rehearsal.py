@@ -26,22 +26,11 @@ from launcher import render
 from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, save
 from launcher.cluster import rehearsal as rh
 from launcher.cluster import rehearsal_nodes as nodes_
+from launcher.cluster.local import _keygen, _write_atomic, cpus_per_node, node_names
 from launcher.errors import LaunchError
 from launcher.plans import rehearsal as plan
 
 RECORD = "rehearsal.json"  # written before anything is made: what `down` removes
-
-
-def _keygen(path: Path, comment: str) -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                   check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    return Path(f"{path}.pub").read_text()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _record(d: Path, *, bridge: str | None = None, node: plan.NodeNet | None = None) -> None:
@@ -132,8 +121,6 @@ def _install_access(c: Cluster) -> None:
 
 
 def up(nodes: int, reducers: int, name: str, subnet: str | None = None) -> Cluster:
-    from launcher.cluster.local import cpus_per_node, node_names
-
     rh.check_host()
     if subnet is not None:
         plan.parse_subnet(subnet)
