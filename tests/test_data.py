@@ -14,7 +14,16 @@ from PIL import Image
 
 from training.convert import convert, merge_manifests
 from training.sample import IMAGENET_WNIDS, make_sample, wnids
-from training.shards import class_index, load_manifest, plan_shards, shards_for_node
+from training.shards import (
+    class_index,
+    load_manifest,
+    plan_shards,
+    shards_for_node,
+    tar_end,
+    tar_header,
+    tar_member,
+    tar_padding,
+)
 
 CLASSES, PER_CLASS, VAL_PER_CLASS, SAMPLE_SEED = 3, 4, 2, 7
 SHARD_SIZE, SHUFFLE_SEED = 5, 3
@@ -219,6 +228,36 @@ def test_shards_have_fixed_tar_metadata_and_jpg_before_cls(shards):
         for member, _ in members:
             assert (member.mtime, member.uid, member.gid, member.uname, member.gname) == (0, 0, 0, "", "")
             assert member.mode == 0o644 and member.isfile()
+
+
+def tarfile_archive(members: list[tuple[str, bytes]]) -> bytes:
+    """What Python's tarfile writes for ``members`` with tar_member's metadata in GNU format."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            tar.addfile(tar_member(name, len(data)), io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name", ["n01440764_10026.jpg", "n01440764_10026.cls", "a", "x" * 99, "x" * 100,
+                                  "y" * 180, "caf\u00e9.jpg", "ILSVRC2012_val_00000001.jpg"])
+def test_shard_tar_bytes_are_what_tarfile_writes(name):
+    # The converter writes headers from a template (training.shards.tar_header); a reader sees tarfile's bytes.
+    rng = np.random.default_rng(len(name))
+    for size in (0, 1, 3, 511, 512, 513, 8704, 25_000):
+        members = [(name, rng.integers(0, 256, size, dtype=np.uint8).tobytes()), ("k.cls", b"7")]
+        ours = b"".join(tar_header(n, len(d)) + d + tar_padding(len(d)) for n, d in members)
+        assert ours + tar_end(len(ours)) == tarfile_archive(members), (name, size)
+    for size in (8**11 - 1, 8**11, 1 << 40):  # the 11-digit octal field's limit, then tarfile's base-256
+        assert tar_header(name, size) == tar_member(name, size).tobuf(tarfile.GNU_FORMAT, "utf-8",
+                                                                     "surrogateescape")
+
+
+def test_shards_on_disk_are_byte_for_byte_what_tarfile_writes(shards):
+    out, manifest = shards
+    for entry in manifest["shards"]:
+        members = [(m.name, data) for m, data in read_shard(out / entry["name"])]
+        assert (out / entry["name"]).read_bytes() == tarfile_archive(members), entry["name"]
 
 
 def test_webdataset_reads_every_shard(sample, shards):

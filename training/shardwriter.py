@@ -9,14 +9,12 @@ from __future__ import annotations
 import concurrent.futures as futures
 import ctypes
 import hashlib
-import io
 import json
 import multiprocessing
 import os
 import queue
 import signal
 import sys
-import tarfile
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +31,9 @@ from training.shards import (
     Encoding,
     ShardPlan,
     prepare_image,
-    tar_member,
+    tar_end,
+    tar_header,
+    tar_padding,
 )
 from training.sources import SPLITS, read_input
 
@@ -57,7 +57,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 class DigestingWriter:
-    """A write-only file object that hashes and counts what passes through it (tarfile needs write and tell)."""
+    """A write-only file object that hashes and counts what passes through it."""
 
     def __init__(self, f):
         self.f, self.sha256, self.size = f, hashlib.sha256(), 0
@@ -67,9 +67,6 @@ class DigestingWriter:
         self.sha256.update(data)
         self.size += len(data)
         return len(data)
-
-    def tell(self) -> int:
-        return self.size
 
 
 def journal_path(out: Path, name: str) -> Path:
@@ -95,22 +92,24 @@ def write_shard(
     try:
         with os.fdopen(fd, "wb") as f:
             writer = DigestingWriter(f)
-            with tarfile.open(fileobj=writer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-                for source in shard.sources:
-                    jpeg, reason = None, source.problem
-                    if reason is None:
-                        try:
-                            jpeg, reason = prepare_image(read_input(src, source, handles), encoding)
-                        except OSError as exc:
-                            reason = f"unreadable: {exc.strerror or exc}"
-                    if jpeg is None:
-                        rejected.append({"path": source.path, "split": source.split, "reason": reason})
-                    else:
-                        label = str(labels[source.wnid]).encode("ascii")
-                        tar.addfile(tar_member(f"{source.key}.jpg", len(jpeg)), io.BytesIO(jpeg))
-                        tar.addfile(tar_member(f"{source.key}.cls", len(label)), io.BytesIO(label))
-                        count += 1
-                    tick()
+            for source in shard.sources:
+                jpeg, reason = None, source.problem
+                if reason is None:
+                    try:
+                        jpeg, reason = prepare_image(read_input(src, source, handles), encoding)
+                    except OSError as exc:
+                        reason = f"unreadable: {exc.strerror or exc}"
+                if jpeg is None:
+                    rejected.append({"path": source.path, "split": source.split, "reason": reason})
+                else:
+                    label = str(labels[source.wnid]).encode("ascii")
+                    for member, data in ((f"{source.key}.jpg", jpeg), (f"{source.key}.cls", label)):
+                        writer.write(tar_header(member, len(data)))
+                        writer.write(data)
+                        writer.write(tar_padding(len(data)))
+                    count += 1
+                tick()
+            writer.write(tar_end(writer.size))
             f.flush()
             os.fsync(f.fileno())
         entry = {"name": shard.name, "split": shard.split, "count": count, "bytes": writer.size,
