@@ -380,6 +380,24 @@ def test_fast_resize_decodes_at_power_of_two_scales_only(monkeypatch, size, deco
     assert reason is None and shapes == [decoded]
 
 
+@pytest.mark.parametrize(("size", "target"), [((500, 375), (341, 256)), ((375, 500), (256, 341)),
+                                              ((300, 256), (280, 256)), ((256, 300), (256, 280))])
+def test_fast_resize_rows_first_is_torchs_one_call_resize_to_a_level(size, target):
+    """jpegresize.resize runs the vertical pass first (the cheaper order for torch's uint8 kernels); the picture
+    is torch's own antialiased bilinear, to within one level of rounding of the intermediate rows."""
+    import torch
+
+    from training import jpegresize
+
+    pixels = np.array(photo(3, *size))  # writable, as a decoder's output is
+    ours = jpegresize.resize(pixels, target).astype(int)
+    theirs = torch.nn.functional.interpolate(torch.from_numpy(pixels).permute(2, 0, 1)[None], size=target[::-1],
+                                             mode="bilinear", antialias=True, align_corners=False)
+    theirs = theirs[0].permute(1, 2, 0).numpy().astype(int)
+    assert ours.shape == theirs.shape == (target[1], target[0], 3)
+    assert np.abs(ours - theirs).max() <= 1 and np.abs(ours - theirs).mean() < 0.5
+
+
 def test_resize_without_the_fast_path_takes_pillows(monkeypatch):
     from training import jpegresize
 

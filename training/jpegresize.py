@@ -49,7 +49,7 @@ def encoder() -> str | None:
     if mods is None:
         return None
     simplejpeg, torch = mods
-    return f"simplejpeg {simplejpeg.__version__} + torch {torch.__version__.split('+')[0]} bilinear-aa"
+    return f"simplejpeg {simplejpeg.__version__} + torch {torch.__version__.split('+')[0]} bilinear-aa rows first"
 
 
 
@@ -92,9 +92,22 @@ def decode(data: bytes, width: int, height: int, target: tuple[int, int]) -> np.
 
 
 def resize(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
-    """``pixels`` (RGB HWC uint8) at exactly ``target`` (w, h): antialiased bilinear."""
-    torch = _modules()[1]
+    """``pixels`` (RGB HWC uint8) at exactly ``target`` (w, h): antialiased bilinear, rows first.
+
+    Separable, so the two passes can go in either order; torch does the horizontal one first when asked for both,
+    and its uint8 horizontal pass costs about 2.4x its vertical one per output pixel (bench/convert.py's
+    images: 0.57 ms for 500x375 -> 341x375, 0.24 ms for 500x375 -> 500x256). Shrinking the rows first runs the
+    costly pass on the fewer rows: 12-14% less time, the same picture to within one level of rounding.
+    """
+    h, w = pixels.shape[:2]
     tw, th = target
+    if th != h and tw != w:  # both passes: the vertical one on all columns, then the horizontal on th rows
+        pixels = _bilinear_aa(pixels, th, w)
+    return _bilinear_aa(pixels, th, tw)
+
+
+def _bilinear_aa(pixels: np.ndarray, th: int, tw: int) -> np.ndarray:
+    torch = _modules()[1]
     out = np.empty((th, tw, 3), np.uint8)
     source = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # an NCHW view of HWC: channels_last
     # Antialiased bilinear, the uint8 AVX2 kernel (PyTorch >= 2.1), into the HWC buffer the encoder reads.
