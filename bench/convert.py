@@ -132,7 +132,8 @@ def main() -> None:
                                                               quality=QUALITY),
         }
         steps = stages(paths, 256) if jpegresize.available() else {}
-        rate = median_rates({**candidates, **steps}, args.rounds)  # the steps in the same interleaved rounds
+        with jpegresize.one_thread():  # as the converter's writers run torch (its own calls set it too)
+            rate = median_rates({**candidates, **steps}, args.rounds)  # the steps in the same interleaved rounds
         kib = sum(p.stat().st_size for p in paths) / len(paths) / 1024
         large_kib = sum(p.stat().st_size for p in large) / len(large) / 1024
 

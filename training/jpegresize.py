@@ -20,11 +20,14 @@ any decoder error): the caller then takes Pillow's path, which also names what i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
 import numpy as np
 
-__all__ = ["available", "decode", "encode", "encoder", "jpeg_size", "power_of_two_reduction", "resize", "shrink"]
+__all__ = ["available", "decode", "encode", "encoder", "jpeg_size", "one_thread", "power_of_two_reduction", "resize",
+           "shrink"]
 
 DCT_REDUCTIONS = (8, 4, 2)
 
@@ -51,6 +54,28 @@ def encoder() -> str | None:
     simplejpeg, torch = mods
     return f"simplejpeg {simplejpeg.__version__} + torch {torch.__version__.split('+')[0]} bilinear-aa rows first"
 
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's kernels on the calling thread only, for as long as the block runs (then as before).
+
+    The converter is parallel by processes, one per core; torch would also start a thread per physical core in
+    each of them for every resize. On this 2-core machine, with another job on the other core, that made the
+    converting thread wait on its descheduled partner at every resize: 3.8-6.0 ms of CPU per image instead of
+    3.15 (bench/convert.py's images); on a 96-vCPU node, 96 workers x 48 threads each.
+    """
+    mods = _modules()
+    if mods is None:
+        yield
+        return
+    torch = mods[1]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def power_of_two_reduction(width: int, height: int, target: tuple[int, int]) -> int:

@@ -7,6 +7,7 @@ tells the whole story.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from PIL import Image, ImageFile
 
+from training import jpegresize
 from training.sample import write_atomic
 from training.shards import (
     JOURNAL,
@@ -90,7 +92,9 @@ def write_shard(
     handles: dict = {}
     fd, partial = tempfile.mkstemp(dir=out, prefix=f".{shard.name}.", suffix=".partial")
     try:
-        with os.fdopen(fd, "wb") as f:
+        # Resizing uses torch: one thread per writer, the writers being one process per core.
+        threads = jpegresize.one_thread() if encoding.resize is not None else contextlib.nullcontext()
+        with os.fdopen(fd, "wb") as f, threads:
             writer = DigestingWriter(f)
             for source in shard.sources:
                 jpeg, reason = None, source.problem
