@@ -78,6 +78,43 @@ def test_upload_removes_the_old_marker_first_and_writes_the_new_one_last():
     assert mark[-2:] == ["-", "s3://b-1/run/checkpoint-epoch004.pt.complete"]
 
 
+def test_the_write_probe_puts_reads_back_and_deletes_one_key_under_the_prefix_as_the_uploads_do():
+    t = durable.parse_target("s3://b-1/runs/r1")
+    name = durable.probe_name("ip-10-0-1-5.ec2.internal", 4242)
+    assert name == ".scaletrain-probe-ip-10-0-1-5.ec2.internal-4242"
+    assert durable.probe_name("a b/c", 7) == ".scaletrain-probe-a-b-c-7"   # one key segment, whatever the host
+    url = "s3://b-1/runs/r1/.scaletrain-probe-ip-10-0-1-5.ec2.internal-4242"
+    aws = ["/usr/local/bin/aws", "--region", REGION]
+    put, get, rm = durable.probe_commands(t, name, "/usr/local/bin/aws", REGION)
+    assert put == [*aws, "s3", "cp", "--only-show-errors", "-", url]     # from stdin, as the marker goes up
+    assert get == [*aws, "s3", "cp", "--only-show-errors", url, "-"]     # to stdout, as a restore reads a marker
+    assert rm == [*aws, "s3", "rm", "--only-show-errors", url]           # as an upload removes the old marker
+    up_rm, _, up_mark = durable.upload_commands(t, Path("/r/checkpoint-epoch000.pt"), "/usr/local/bin/aws", REGION)
+    assert (put[:-1], rm[:-1]) == (up_mark[:-1], up_rm[:-1])
+    # A probe left behind (the process killed between put and rm) is never taken for a checkpoint.
+    assert durable.complete_candidates(t, {f"runs/r1/{name}": 1, f"runs/r1/{name}.complete": 1}) == []
+
+
+def test_a_failed_probe_is_one_line_naming_the_destination_the_reason_and_the_fix():
+    line = durable.probe_failure("s3://b-1/runs/r1", REGION, "s3 cp failed: upload failed: - to s3://b-1/runs/r1/"
+                                 ".scaletrain-probe-h-1 An error occurred (AccessDenied) when calling the PutObject "
+                                 "operation: Access Denied")
+    assert "\n" not in line
+    assert line.startswith("--checkpoint-to s3://b-1/runs/r1 (region eu-west-1): ")
+    assert "(AccessDenied)" in line
+    assert line.endswith("the node role may write only under the stack's -c checkpoint_bucket=/checkpoint_prefix=; "
+                         "deploy with them or choose a destination under them (a bucket in eu-west-1)")
+
+
+def test_the_end_of_run_line_counts_failed_uploads_and_names_the_newest_durable_checkpoint():
+    assert durable.upload_summary("s3://b-1/r", ["checkpoint-epoch003.pt"], 4, "checkpoint-epoch002.pt") == (
+        "warning: 1 of 4 checkpoint uploads to s3://b-1/r failed (checkpoint-epoch003.pt); the newest checkpoint "
+        "durable in S3 is s3://b-1/r/checkpoint-epoch002.pt")
+    assert durable.upload_summary("s3://b-1/r", ["checkpoint-epoch000.pt"], 1, None).endswith(
+        "the newest checkpoint durable in S3 is none")
+    assert durable.upload_summary("s3://b-1/r", [], 4, "checkpoint-epoch003.pt") is None
+
+
 # ---- the launcher: `launch train --checkpoint-to` reaches the trainer with the region and the CLI ----
 
 def test_the_launchers_trainer_line_carries_the_store_and_the_trainer_parses_it():
@@ -217,3 +254,72 @@ def test_resume_with_an_unreachable_bucket_is_one_line(s3, tmp_path):
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no-such-bucket" in errors[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port)}
+
+
+def test_a_destination_the_nodes_cannot_write_stops_every_rank_before_the_first_step(s3, tmp_path):
+    """A bucket that does not exist (as a wrong bucket, a wrong region or a prefix outside the role's grant would
+    be refused): rank 0's probe fails, and both ranks stop before training, with one line and no checkpoint."""
+    _, aws_cli, _ = s3
+    run, port = tmp_path / "run", _free_port()
+    dest = "s3://no-such-bucket/runs/r1"
+    argv = [sys.executable, "-m", "training.train", "--output", str(run), *TINY, "--epochs", "2",
+            "--checkpoint-to", dest, "--aws-region", REGION, "--aws-cli", aws_cli]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              env=rank_env(r, 2, port)) for r in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    report = "\n".join(f"rank {r} rc {p.returncode}\n{o[-2000:]}\n{e[-2000:]}" for r, (p, (o, e)) in
+                       enumerate(zip(procs, outs, strict=True)))
+    assert all(p.returncode != 0 for p in procs), report
+    errors = [line for _, err in outs for line in err.splitlines() if line.strip()]
+    assert len(errors) == 1, report
+    line = errors[0]
+    assert line.startswith(f"error: --checkpoint-to {dest} (region {REGION}): "), report
+    assert "NoSuchBucket" in line and "checkpoint_bucket=/checkpoint_prefix=" in line, report
+    assert not any(" step " in out for out, _ in outs), report          # no rank trained a step
+    assert not list(run.glob("*checkpoint-epoch*")), report
+
+
+def probe_calls(log: Path, prefix: str) -> list[list[str]]:
+    return [line.split() for line in log.read_text().splitlines() if f"/{prefix}/.scaletrain-probe-" in line]
+
+
+def test_an_allowed_destination_is_probed_before_training_and_keeps_no_probe_object(s3, tmp_path):
+    client, aws_cli, log = s3
+    run = trainer(tmp_path / "run", "--epochs", "1", "--checkpoint-to", f"s3://{BUCKET}/runs/probed",
+                  "--aws-region", REGION, "--aws-cli", aws_cli)
+    calls = probe_calls(log, "runs/probed")
+    assert [c[2:4] for c in calls] == [["s3", "cp"], ["s3", "cp"], ["s3", "rm"]], calls   # put, read back, delete
+    assert all(c[:2] == ["--region", REGION] for c in calls), calls
+    assert calls[0][-2] == "-" and calls[1][-1] == "-", calls
+    lines = log.read_text().splitlines()
+    assert lines.index(" ".join(calls[-1])) < next(i for i, line in enumerate(lines)
+                                                   if "runs/probed/checkpoint-epoch000.pt" in line)
+    assert sorted(keys(client, "runs/probed/")) == ["runs/probed/checkpoint-epoch000.pt",
+                                                    "runs/probed/checkpoint-epoch000.pt.complete"], run.stdout
+
+
+def test_an_upload_that_fails_after_the_probe_is_summed_up_at_the_end(s3, tmp_path):
+    """The probe passed, then the copy of epoch 1 was refused: the run keeps its warning and ends with one line
+    counting the failures and naming the newest checkpoint that is durable in S3."""
+    _, aws_cli, _ = s3
+    flaky = tmp_path / "aws-flaky"
+    flaky.write_text("\n".join([
+        "#!/bin/sh",
+        'case "$*" in *"checkpoint-epoch001.pt s3://"*)',
+        '  echo "upload failed: checkpoint-epoch001.pt An error occurred (AccessDenied) when calling the '
+        'PutObject operation: Access Denied" >&2; exit 1;;',
+        "esac",
+        f'exec {shlex.quote(aws_cli)} "$@"', ""]))
+    flaky.chmod(0o755)
+    dest = f"s3://{BUCKET}/runs/flaky"
+    run = trainer(tmp_path / "run", "--epochs", "2", "--checkpoint-to", dest, "--aws-region", REGION,
+                  "--aws-cli", str(flaky))
+    assert "warning: checkpoint checkpoint-epoch001.pt not copied to S3: " in run.stdout, run.stdout
+    assert f"warning: 1 of 2 checkpoint uploads to {dest} failed (checkpoint-epoch001.pt); the newest checkpoint " \
+        f"durable in S3 is {dest}/checkpoint-epoch000.pt" in run.stdout.splitlines(), run.stdout

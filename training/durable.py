@@ -10,17 +10,24 @@ describes: the marker goes first (deleted), then the object, then the new marker
 when its marker exists and its size and SHA-256 match what it downloaded. The decisions (keys, marker content,
 which checkpoint is newest and complete, whether to restore) are pure functions; the AWS CLI only executes them.
 
+Before a step is trained, rank 0 proves the destination takes what the run will do there (``probe``): a small
+object under the prefix is written, read back and deleted with the same CLI calls the uploads and a restore make,
+so a bucket that does not exist, a prefix outside the node role's grant (infra/compute.py, ``_grant_checkpoints``)
+or a bucket in another Region stops the run at its start, not after hours of training without a durable checkpoint.
+
 The CLI runs with ``--region`` always: the nodes have no AWS configuration and reach S3 through the VPC's gateway
 endpoint, which serves its own Region only (launcher/plans/staging.py, ``_s3``, cites the documents).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import queue
 import re
+import socket
 import subprocess
 import threading
 from collections.abc import Callable
@@ -30,6 +37,7 @@ from pathlib import Path
 # The trainer's checkpoint names (launcher/execute/results.py's CHECKPOINT reads the same).
 CHECKPOINT = re.compile(r"^checkpoint-epoch(\d+)\.pt$")
 MARKER_SUFFIX = ".complete"
+PROBE_PREFIX = ".scaletrain-probe-"  # + host-pid: one key per trainer, never a CHECKPOINT name
 TIMEOUT_S = 3600.0  # one CLI call; a checkpoint of ResNet-50 with its optimizer state is ~200 MB
 
 
@@ -147,6 +155,44 @@ def upload_commands(target: Target, path: Path, aws_cli: str, region: str) -> li
             _aws(aws_cli, region, "s3", "cp", "--only-show-errors", "-", url + MARKER_SUFFIX)]
 
 
+def probe_name(host: str, pid: int) -> str:
+    """The probe's object name: unique to this host and process, one key segment whatever the host is called."""
+    return f"{PROBE_PREFIX}{re.sub(r'[^A-Za-z0-9.-]+', '-', host)}-{pid}"
+
+
+def probe_commands(target: Target, name: str, aws_cli: str, region: str) -> list[list[str]]:
+    """Write (from stdin), read back (to stdout), delete: the calls an upload (``cp -`` of the marker, ``rm`` of
+    the old one) and a restore (``cp URL -`` of a marker) make, with the same argv shape. The AWS CLI command
+    reference, ``aws s3 cp``, "Example 11: Uploading a local file stream to S3" (``aws s3 cp - s3://bucket/key``
+    reads standard input) and "Example 13: Downloading an S3 object as a local file stream" (``aws s3 cp
+    s3://bucket/key -`` writes standard output), https://docs.aws.amazon.com/cli/latest/reference/s3/cp.html;
+    ``aws s3 rm s3://bucket/key`` deletes one object, https://docs.aws.amazon.com/cli/latest/reference/s3/rm.html
+    ("Example 1: Delete an S3 object"). Each is a PutObject, GetObject or DeleteObject, the three object
+    actions the node role is granted under the prefix and nowhere else (infra/compute.py, ``_grant_checkpoints``,
+    cites the Service Authorization Reference)."""
+    url = target.url(name)
+    return [_aws(aws_cli, region, "s3", "cp", "--only-show-errors", "-", url),
+            _aws(aws_cli, region, "s3", "cp", "--only-show-errors", url, "-"),
+            _aws(aws_cli, region, "s3", "rm", "--only-show-errors", url)]
+
+
+def probe_failure(uri: str, region: str, reason: str) -> str:
+    """The one line a failed probe ends the run with: where, the AWS CLI's own reason, what to do."""
+    return (f"--checkpoint-to {uri} (region {region}): rank 0 could not write, read back and delete a test object "
+            f"there before training ({reason}); the node role may write only under the stack's "
+            f"-c checkpoint_bucket=/checkpoint_prefix=; deploy with them or choose a destination under them "
+            f"(a bucket in {region})")
+
+
+def upload_summary(uri: str, failed: list[str], attempted: int, newest_durable: str | None) -> str | None:
+    """The end of a run whose copies did not all succeed: how many failed, and what a restore can still take."""
+    if not failed:
+        return None
+    where = parse_target(uri).url(newest_durable) if newest_durable else "none"
+    return (f"warning: {len(failed)} of {attempted} checkpoint uploads to {uri} failed ({', '.join(failed)}); "
+            f"the newest checkpoint durable in S3 is {where}")
+
+
 def list_command(target: Target, aws_cli: str, region: str) -> list[str]:
     # list-objects-v2 pages through every key itself (the CLI's automatic pagination).
     return _aws(aws_cli, region, "s3api", "list-objects-v2", "--bucket", target.bucket, "--prefix",
@@ -177,6 +223,39 @@ def upload(target: Target, path: Path, aws_cli: str, region: str) -> None:
     _run(rm)
     _run(put)
     _run(mark, stdin=marker_text(path.name, size, sha))
+
+
+def probe(uri: str, aws_cli: str, region: str) -> None:
+    """Write, read back and delete one small object under the destination, or raise the one-line reason."""
+    target = parse_target(uri)
+    name = probe_name(socket.gethostname(), os.getpid())
+    put, get, rm = probe_commands(target, name, aws_cli, region)
+    body = f"scaletrain write probe {name}\n"
+    try:
+        _run(put, stdin=body)
+        try:
+            back = _run(get)
+        except DurableError:
+            with contextlib.suppress(DurableError):  # the read's reason is the one to report
+                _run(rm)
+            raise
+        _run(rm)
+        if back != body:
+            raise DurableError(f"read back {len(back)} bytes from {target.url(name)}, not the {len(body)} written")
+    except DurableError as e:
+        raise DurableError(probe_failure(uri, region, str(e))) from None
+
+
+def newest_durable(target: Target, aws_cli: str, region: str) -> str | None:
+    """The newest checkpoint under ``target`` whose marker describes the object beside it (the one ``restore``
+    would take, short of the download's SHA-256 check)."""
+    listing = parse_listing(_run(list_command(target, aws_cli, region)))
+    for name in complete_candidates(target, listing):
+        marker = parse_marker(_run(_aws(aws_cli, region, "s3", "cp", "--only-show-errors",
+                                        target.url(name) + MARKER_SUFFIX, "-")))
+        if marker_matches(marker, name, listing[target.key(name)]):
+            return name
+    return None
 
 
 def restore(out: Path, uri: str, aws_cli: str, region: str) -> str | None:
@@ -215,11 +294,13 @@ def _restore(out: Path, target: Target, aws_cli: str, region: str) -> str | None
 class Uploader:
     """Rank 0's background copier: ``submit`` returns at once; one thread uploads, newest first when it fell
     behind (an older checkpoint still queued is skipped: a restore takes the newest complete one). ``close`` waits
-    for the last copy (the end of training), and returns the names it could not copy."""
+    for the last copy (the end of training), and returns the names it could not copy; ``summary`` then says, in one
+    line, how many copies failed and which checkpoint is durable all the same."""
 
     def __init__(self, uri: str, aws_cli: str, region: str, log: Callable[..., None]):
-        self.target, self.aws_cli, self.region, self.log = parse_target(uri), aws_cli, region, log
+        self.uri, self.target, self.aws_cli, self.region, self.log = uri, parse_target(uri), aws_cli, region, log
         self.failed: list[str] = []
+        self.copied: list[str] = []
         self._queue: queue.Queue[Path | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="checkpoint-upload", daemon=True)
         self._thread.start()
@@ -237,6 +318,7 @@ class Uploader:
                 path = paths[-1]
                 try:
                     upload(self.target, path, self.aws_cli, self.region)
+                    self.copied.append(path.name)
                     self.log(f"checkpoint {path.name} copied to {self.target.url(path.name)}", flush=True)
                 except DurableError as e:
                     self.failed.append(path.name)
@@ -248,3 +330,14 @@ class Uploader:
         self._queue.put(None)
         self._thread.join()
         return self.failed
+
+    def summary(self) -> str | None:
+        """After ``close``: None when every copy made it, else the line for the end of the run. What is durable
+        is asked of S3 (a resumed run's earlier epochs count); when that fails, this run's newest copy."""
+        if not self.failed:
+            return None
+        try:
+            newest = newest_durable(self.target, self.aws_cli, self.region)
+        except DurableError:
+            newest = max(self.copied, default=None)
+        return upload_summary(self.uri, self.failed, len(self.failed) + len(self.copied), newest)

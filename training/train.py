@@ -280,7 +280,14 @@ def train(cfg: Config) -> dict:
                                       backward_passes_per_step=passes)
 
     start_epoch, problem = 0, None
-    if cfg.resume and rank == 0:
+    if cfg.checkpoint_to and rank == 0:
+        # Rank 0 proves it can write, read back and delete under --checkpoint-to before a step is trained; its
+        # verdict reaches every rank with the resume verdict below, so all stop together.
+        try:
+            durable.probe(cfg.checkpoint_to, cfg.aws_cli, cfg.aws_region)
+        except durable.DurableError as e:
+            problem = str(e)
+    if cfg.resume and rank == 0 and problem is None:
         try:
             if cfg.checkpoint_to and (restored := durable.restore(out, cfg.checkpoint_to, cfg.aws_cli, cfg.aws_region)):
                 log(f"--resume: {restored}", flush=True)
@@ -427,8 +434,10 @@ def train(cfg: Config) -> dict:
     if cfg.dump_rank_params:
         torch.save({k: v.detach().cpu() for k, v in net.named_parameters()}, out / f"params-rank{rank}.pt")
     if rank == 0:
-        if uploader and (failed := uploader.close()):
-            log(f"warning: not copied to {cfg.checkpoint_to}: {', '.join(failed)}", flush=True)
+        if uploader:
+            uploader.close()
+            if line := uploader.summary():
+                log(line, flush=True)
         metrics.close()
         if tb is not None:
             tb.close()
