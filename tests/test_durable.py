@@ -304,22 +304,59 @@ def test_an_allowed_destination_is_probed_before_training_and_keeps_no_probe_obj
                                                     "runs/probed/checkpoint-epoch000.pt.complete"], run.stdout
 
 
+def refusing_cli(path: Path, aws_cli: str, call: str, refusal: str) -> Path:
+    """The CLI wrapper ``aws_cli``, except that a call whose arguments contain ``call`` is refused as S3 refuses one
+    (an IAM policy without the action): ``refusal`` on stderr and a non-zero exit, as the CLI ends on an error."""
+    path.write_text("\n".join([
+        "#!/bin/sh",
+        f'case "$*" in *{shlex.quote(call)}*)',
+        f"  echo {shlex.quote(refusal)} >&2; exit 1;;",
+        "esac",
+        f'exec {shlex.quote(aws_cli)} "$@"', ""]))
+    path.chmod(0o755)
+    return path
+
+
 def test_an_upload_that_fails_after_the_probe_is_summed_up_at_the_end(s3, tmp_path):
     """The probe passed, then the copy of epoch 1 was refused: the run keeps its warning and ends with one line
     counting the failures and naming the newest checkpoint that is durable in S3."""
     _, aws_cli, _ = s3
-    flaky = tmp_path / "aws-flaky"
-    flaky.write_text("\n".join([
-        "#!/bin/sh",
-        'case "$*" in *"checkpoint-epoch001.pt s3://"*)',
-        '  echo "upload failed: checkpoint-epoch001.pt An error occurred (AccessDenied) when calling the '
-        'PutObject operation: Access Denied" >&2; exit 1;;',
-        "esac",
-        f'exec {shlex.quote(aws_cli)} "$@"', ""]))
-    flaky.chmod(0o755)
+    flaky = refusing_cli(tmp_path / "aws-flaky", aws_cli, "checkpoint-epoch001.pt s3://",
+                         "upload failed: checkpoint-epoch001.pt An error occurred (AccessDenied) when calling the "
+                         "PutObject operation: Access Denied")
     dest = f"s3://{BUCKET}/runs/flaky"
     run = trainer(tmp_path / "run", "--epochs", "2", "--checkpoint-to", dest, "--aws-region", REGION,
                   "--aws-cli", str(flaky))
     assert "warning: checkpoint checkpoint-epoch001.pt not copied to S3: " in run.stdout, run.stdout
     assert f"warning: 1 of 2 checkpoint uploads to {dest} failed (checkpoint-epoch001.pt); the newest checkpoint " \
         f"durable in S3 is {dest}/checkpoint-epoch000.pt" in run.stdout.splitlines(), run.stdout
+
+
+def test_a_resume_whose_listing_is_refused_stops_every_rank_before_the_first_step(s3, tmp_path):
+    """The probe passes (the bucket exists and the role may put, get and delete), but the role lacks s3:ListBucket,
+    so rank 0's restore cannot list the prefix: AccessDenied on ListObjectsV2. Both ranks stop before training, with
+    one line naming the listing that failed, instead of starting from scratch over a run S3 may still hold."""
+    client, aws_cli, log = s3
+    nolist = refusing_cli(tmp_path / "aws-nolist", aws_cli, "s3api list-objects-v2",
+                          "An error occurred (AccessDenied) when calling the ListObjectsV2 operation: Access Denied")
+    run, port = tmp_path / "run", _free_port()
+    dest = f"s3://{BUCKET}/runs/nolist"
+    argv = [sys.executable, "-m", "training.train", "--output", str(run), *TINY, "--epochs", "2", "--resume",
+            "--checkpoint-to", dest, "--aws-region", REGION, "--aws-cli", str(nolist)]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              env=rank_env(r, 2, port)) for r in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    report = "\n".join(f"rank {r} rc {p.returncode}\n{o[-2000:]}\n{e[-2000:]}" for r, (p, (o, e)) in
+                       enumerate(zip(procs, outs, strict=True)))
+    assert all(p.returncode != 0 for p in procs), report
+    # The probe ran to the end (put, read back, delete): the failure is the restore's, not the probe's.
+    assert [c[2:4] for c in probe_calls(log, "runs/nolist")] == [["s3", "cp"], ["s3", "cp"], ["s3", "rm"]], report
+    # Rank 0's verdict, said once for both ranks (as every verdict all ranks reach), and nothing else on stderr.
+    errors = [line for _, err in outs for line in err.splitlines() if line.strip()]
+    assert errors == [f"error: --checkpoint-to {dest}: s3api list-objects-v2 failed: An error occurred "
+                      "(AccessDenied) when calling the ListObjectsV2 operation: Access Denied"], report
+    assert not any("Traceback" in err for _, err in outs), report
+    assert not any(" step " in out for out, _ in outs), report          # no rank trained a step
+    assert not (run / "metrics.jsonl").exists(), report
+    assert not list(run.glob("*checkpoint-epoch*")), report
+    assert keys(client, "runs/nolist/") == {}, report                  # nothing uploaded, no probe left behind
