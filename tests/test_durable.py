@@ -262,19 +262,26 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
             "MASTER_PORT": str(port)}
 
 
-def test_a_destination_the_nodes_cannot_write_stops_every_rank_before_the_first_step(s3, tmp_path):
-    """A bucket that does not exist (as a wrong bucket, a wrong region or a prefix outside the role's grant would
-    be refused): rank 0's probe fails, and both ranks stop before training, with one line and no checkpoint."""
-    _, aws_cli, _ = s3
-    run, port = tmp_path / "run", _free_port()
-    dest = "s3://no-such-bucket/runs/r1"
-    argv = [sys.executable, "-m", "training.train", "--output", str(run), *TINY, "--epochs", "2",
-            "--checkpoint-to", dest, "--aws-region", REGION, "--aws-cli", aws_cli]
+def two_ranks(run: Path, *args: str) -> tuple[list[subprocess.Popen], list[tuple[str, str]], str]:
+    """The trainer as two ranks on this machine (gloo over loopback): the processes, their (stdout, stderr), and a
+    report of both for assertion messages."""
+    port = _free_port()
+    argv = [sys.executable, "-m", "training.train", "--output", str(run), *TINY, *args]
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                               env=rank_env(r, 2, port)) for r in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
     report = "\n".join(f"rank {r} rc {p.returncode}\n{o[-2000:]}\n{e[-2000:]}" for r, (p, (o, e)) in
                        enumerate(zip(procs, outs, strict=True)))
+    return procs, outs, report
+
+
+def test_a_destination_the_nodes_cannot_write_stops_every_rank_before_the_first_step(s3, tmp_path):
+    """A bucket that does not exist (as a wrong bucket, a wrong region or a prefix outside the role's grant would
+    be refused): rank 0's probe fails, and both ranks stop before training, with one line and no checkpoint."""
+    _, aws_cli, _ = s3
+    run, dest = tmp_path / "run", "s3://no-such-bucket/runs/r1"
+    procs, outs, report = two_ranks(run, "--epochs", "2", "--checkpoint-to", dest, "--aws-region", REGION,
+                                    "--aws-cli", aws_cli)
     assert all(p.returncode != 0 for p in procs), report
     errors = [line for _, err in outs for line in err.splitlines() if line.strip()]
     assert len(errors) == 1, report
@@ -339,15 +346,9 @@ def test_a_resume_whose_listing_is_refused_stops_every_rank_before_the_first_ste
     client, aws_cli, log = s3
     nolist = refusing_cli(tmp_path / "aws-nolist", aws_cli, "s3api list-objects-v2",
                           "An error occurred (AccessDenied) when calling the ListObjectsV2 operation: Access Denied")
-    run, port = tmp_path / "run", _free_port()
-    dest = f"s3://{BUCKET}/runs/nolist"
-    argv = [sys.executable, "-m", "training.train", "--output", str(run), *TINY, "--epochs", "2", "--resume",
-            "--checkpoint-to", dest, "--aws-region", REGION, "--aws-cli", str(nolist)]
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                              env=rank_env(r, 2, port)) for r in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    report = "\n".join(f"rank {r} rc {p.returncode}\n{o[-2000:]}\n{e[-2000:]}" for r, (p, (o, e)) in
-                       enumerate(zip(procs, outs, strict=True)))
+    run, dest = tmp_path / "run", f"s3://{BUCKET}/runs/nolist"
+    procs, outs, report = two_ranks(run, "--epochs", "2", "--resume", "--checkpoint-to", dest, "--aws-region",
+                                    REGION, "--aws-cli", str(nolist))
     assert all(p.returncode != 0 for p in procs), report
     # The probe ran to the end (put, read back, delete): the failure is the restore's, not the probe's.
     assert [c[2:4] for c in probe_calls(log, "runs/nolist")] == [["s3", "cp"], ["s3", "cp"], ["s3", "rm"]], report
