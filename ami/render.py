@@ -76,6 +76,7 @@ class Versions(BaseModel):
     beegfs: str = Field(pattern=_VERSION)
     lustre_client: str = Field(pattern=r"^[0-9]+\.[0-9]+$")
     aws_cli: str = Field(pattern=r"^2\.[0-9]+\.[0-9]+$")
+    slurm: str = Field(pattern=r"^2[2-9]\.[0-9]{2}\.[0-9]+$")  # dynamic nodes (slurmd -Z): 22.05 and later
     ubuntu: Literal["22.04"]
     bases: dict[BaseName, Base]
 
@@ -127,6 +128,7 @@ COMPONENTS: tuple[Component, ...] = (
     Component("horovod", "Horovod from its sdist with NCCL and MPI, C++17 fix"),
     Component("beegfs", "BeeGFS management, metadata, storage and client"),
     Component("lustre", "Lustre client for FSx for Lustre"),
+    Component("slurm", "Slurm (slurmctld, slurmd, the client) built from SchedMD's source, and munge"),
     Component("scaletrain", "scaletrain with its train extra in the training venv; PATH for logins",
               downloads_source=True),
     Component("image-test", "Test: GPUs, Fabric Manager on NVSwitch hosts, EFA provider, Horovod with NCCL, "
@@ -178,6 +180,7 @@ def image_env(versions: Versions, base: str = "ubuntu") -> dict[str, str]:
         "HOROVOD_VERSION": versions.horovod,
         "BEEGFS_VERSION": versions.beegfs,
         "LUSTRE_CLIENT_VERSION": versions.lustre_client,
+        "SLURM_VERSION": versions.slurm,
         "AWS_CLI_VERSION": versions.aws_cli,
     } | paths.shell_env()
 
@@ -250,6 +253,7 @@ def ami_tags(versions: Versions, base: str) -> dict[str, str]:
         "horovod": versions.horovod,
         "beegfs": versions.beegfs,
         "lustre-client": versions.lustre_client,
+        "slurm": versions.slurm,
         "aws-cli": versions.aws_cli,
     }
     return {f"{TAG_PREFIX}{k}": v for k, v in tags.items()}

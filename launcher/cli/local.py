@@ -22,15 +22,23 @@ def local_up(nodes: int = typer.Option(2, "--nodes", help="Worker nodes."),
              loopback: bool = typer.Option(False, "--loopback",
                                            help="sshd processes on 127.0.0.1 sharing this machine's files, "
                                                 "instead of rehearsal nodes (no root needed; no isolation)."),
-             base_port: int = typer.Option(None, "--base-port", help="--loopback: first port; default: free ports.")):
+             base_port: int = typer.Option(None, "--base-port", help="--loopback: first port; default: free ports."),
+             slurm: bool = typer.Option(False, "--slurm",
+                                        help="A head node running Slurm's controller, slurmd on every node, and a "
+                                             "keeper on this machine that replaces a lost node as an Auto Scaling "
+                                             "group does: `launch train` then submits a Slurm job that the cluster "
+                                             "owns (it outlives the launcher).")):
     """Bring up a local cluster. By default each node is a rehearsal node: its own network namespace, address and
     hostname, sshd on port 22, and a copy-on-write root built by the image recipe (ami/components, built once and
     cached); only the shared directory, at /fsx, is common to the nodes. Needs root."""
-    c = local.up(nodes, reducers, base_port, name, loopback=loopback, subnet=subnet)
+    c = local.up(nodes, reducers, base_port, name, loopback=loopback, subnet=subnet, with_slurm=slurm)
     kind = "loopback sshd" if c.rehearsal is None else "rehearsal"
     console.print(f"cluster '{c.name}' is up ({kind} nodes): {len(c.workers)} worker(s), {len(c.reducers)} reducer(s)")
     for n in c.nodes:
         console.print(f"  {n.name:<10} {n.role:<8} {n.address}:{n.port}  pid {c.processes[n.name]}  {n.workdir}")
+    if c.head is not None:
+        console.print(f"  {c.head.name:<10} {'head':<8} {c.head.address}:22  pid {c.processes[c.head.name]}  "
+                      f"slurmctld (jobs: `launch jobs`; on the node: squeue, sbatch, scancel)")
     if c.rehearsal is not None:
         console.print(f"shared storage: {c.rehearsal.shared_host} on this machine, {c.rehearsal.shared_mount} on "
                       f"every node")

@@ -171,6 +171,14 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         _report(chosen, spec, result, c)
 
     c, stack = target(cluster)
+    if stack is None and c is not None and c.head is not None:
+        _on_slurm(c, nodes=nodes, data=data, output=output or f"{c.shared_root}/runs/{stamp}", teardown=teardown,
+                  max_restarts=max_restarts, stall_timeout=stall_timeout, region=region, checkpoint_to=checkpoint_to,
+                  spec=job.TrainSpec(data=data or "", output="", model=model, image_size=image_size, epochs=epochs,
+                                     batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
+                                     resume=resume, engine=engine, reducers=reducers,
+                                     extra_args=tuple(trainer_args or ())))
+        return
     if stack is None:
         assert c is not None
         try:
@@ -212,6 +220,76 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         body(found, out, awsrun.stage_data(found, found.select_workers(nodes), data) if data else "", replaced)
 
     awsrun.with_teardown(sess, stack, teardown, on_aws)
+
+
+def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, output: str, teardown: bool,
+              max_restarts: int, stall_timeout: float, region: str | None, checkpoint_to: str | None,
+              spec: job.TrainSpec) -> None:
+    """The run as a Slurm job the cluster owns: render its batch script, submit it on the head node, print its id,
+    follow rank 0 until it ends (Ctrl-C detaches; the job runs on), then report as a followed run does."""
+    import shlex
+
+    from launcher.execute import slurmjobs
+    from launcher.plans import slurm
+
+    if spec.engine != "horovod" or spec.reducers:
+        raise LaunchError("a cluster with Slurm runs Horovod jobs so far; --engine ddp and --reducers run on a "
+                          "cluster without a head node (`launch local up` without --slurm)")
+    chosen = c.select_workers(nodes)
+    first = chosen[0]
+    spec = spec.model_copy(update={"output": output})
+    if checkpoint_to:
+        store_region, aws_cli = job.checkpoint_store(c, region)
+        spec = spec.model_copy(update={"checkpoint_to": checkpoint_to, "aws_region": store_region,
+                                       "aws_cli": aws_cli})
+    if not data:  # sample data, made before the job on the shared storage, as `launch data convert` would
+        code, _ = remote.check(c, first, f"mkdir -p {shlex.quote(output)}")
+        spec = spec.model_copy(update={"data": run.prepare_sample_data(c, first, output, sum(n.slots for n in chosen))})
+    code, text = remote.check(c, first, f"cat {shlex.quote(spec.data)}/manifest.json")
+    if code != 0:
+        raise LaunchError(f"no manifest.json in {spec.data} on {first.name}; make shards with "
+                          f"`launch data convert SRC --out {spec.data}` or leave out --data")
+    import json
+
+    train_images = sum(s["count"] for s in json.loads(text)["shards"] if s["split"] == "train")
+    fabric_env, mca = run.fabric_settings(c, first)
+    # mpirun inside the allocation starts its daemons over SSH as it does without Slurm (Open MPI 4.1 would pick
+    # srun under an allocation): the same, tested path on every cluster.
+    argv = job.launch_argv(c, chosen, [], spec, f"{output}/{slurm.HOSTFILE}", fabric_env=fabric_env,
+                           mca=[*mca, ("plm", "rsh")])
+    script = slurm.batch_script(slurm.BatchJob(
+        name=f"scaletrain-{spec.model}", nodes=len(chosen), slots=first.slots, output=output, python=c.python,
+        mpirun=tuple(argv), ssh_config=c.mpi_ssh_config, max_restarts=max_restarts, stall_timeout_s=stall_timeout))
+    job_id = slurmjobs.submit(c, script, output)
+    console.print(f"job {job_id}: {len(chosen)} node(s), run directory {output} (the cluster owns it: Ctrl-C "
+                  f"detaches, the job runs on)", markup=False, highlight=False)
+    seen: list[str] = []
+
+    def write(text: str) -> None:
+        seen.extend(text.splitlines())
+        del seen[:-500]
+        console.file.write(text)
+        console.file.flush()
+
+    try:
+        ended = slurmjobs.follow(c, job_id, write=write)
+    except KeyboardInterrupt:
+        console.print(f"\n{slurmjobs.detached(job_id, c.name)}", markup=False, highlight=False)
+        raise typer.Exit(130) from None
+    try:
+        if ended.state != "succeeded":
+            said = [ln for ln in seen if ln.startswith("error: ")]
+            raise LaunchError(f"job {job_id} {ended.state} ({ended.slurm_state}, exit {ended.exit_code})"
+                              + (f": {said[-1][len('error: '):]}" if said else "") + f"; run directory {output}")
+        rc, text = remote.check(c, first, f"cat {shlex.quote(output)}/summary.json 2>/dev/null")
+        summary = json.loads(text) if rc == 0 and text.strip() else None
+        if ended.restarts:
+            console.print(f"[launch] Slurm restarted the job {ended.restarts} time(s); each resumed from the newest "
+                          f"complete checkpoint", markup=False, highlight=False)
+        _report(chosen, spec, run.RunResult(0, output, train_images, summary, seen), c)
+    finally:
+        if teardown:
+            _teardown(c)
 
 
 def _fetch_record(c: clusters.Cluster, first: clusters.Node, out: str, *, newest_checkpoint: bool) -> None:

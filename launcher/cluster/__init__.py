@@ -27,7 +27,7 @@ class Node(BaseModel):
     name: str                                # also its Host alias in the cluster's ssh_config
     address: str                             # private address
     port: int = 22                           # SSH port (local nodes: one loopback port each)
-    role: Literal["worker", "reducer"]
+    role: Literal["worker", "reducer", "head"]
     slots: int                               # training ranks on this node (GPUs; 1 per local node)
     cpus: int                                # cores this node may use (local nodes share the machine's)
     workdir: str                             # the node's own working directory
@@ -104,6 +104,9 @@ class Cluster(BaseModel):
     aws: AwsInfo | None = None               # AWS backend: the stack it was discovered from
     rehearsal: RehearsalInfo | None = None   # local backend on rehearsal nodes (the default); None: loopback sshd
     node_ssh_config: str | None = None       # rehearsal nodes: the ssh_config on the nodes mpirun uses
+    # The head node running Slurm's controller, when the cluster has one (launcher/plans/slurm.py): jobs are then
+    # Slurm jobs, submitted there and owned by the cluster. Not among ``nodes``: it runs no ranks.
+    head: Node | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -196,7 +196,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = LOCAL, *, loopback: bool = False,
-       subnet: str | None = None) -> Cluster:
+       subnet: str | None = None, with_slurm: bool = False) -> Cluster:
     """Rehearsal nodes (launcher/cluster/local_rehearsal.py), or with ``loopback`` sshd processes on 127.0.0.1 that
     share this machine's filesystem (for tests of the launcher's own logic)."""
     if nodes < 1:
@@ -210,6 +210,9 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
                           "own address")
     if loopback and subnet is not None:
         raise LaunchError("--subnet is for rehearsal nodes; --loopback nodes are on 127.0.0.1")
+    if loopback and with_slurm:
+        raise LaunchError("--slurm is for rehearsal nodes (each runs its own slurmd); --loopback nodes share this "
+                          "machine and run none")
     d = cluster_dir(name)
     if not loopback:
         from launcher.cluster import local_rehearsal
@@ -225,7 +228,7 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
             if old is not None and old.rehearsal is None:
                 _stop_pids(_recorded_pids(d, old), d)
             local_rehearsal.clean(d)
-        return local_rehearsal.up(nodes, reducers, name, subnet)
+        return local_rehearsal.up(nodes, reducers, name, subnet, with_slurm=with_slurm)
     _check_tools()
     mpirun = local_mpirun()
 

@@ -23,17 +23,22 @@ from pathlib import Path
 
 from ami import paths
 from launcher import render
-from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, save
+from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, keeper, load, save
 from launcher.cluster import rehearsal as rh
 from launcher.cluster import rehearsal_nodes as nodes_
 from launcher.cluster.local import _keygen, _write_atomic, cpus_per_node, node_names
 from launcher.errors import LaunchError
 from launcher.plans import rehearsal as plan
+from launcher.plans import slurm
+
+HEAD = "head"                   # the head node's name (and host name) on a local cluster with Slurm
+MUNGE_KEY = "munge.key"         # the cluster's munge key on this machine, as the stack's secret on AWS
 
 RECORD = "rehearsal.json"  # written before anything is made: what `down` removes
 
 
-def _record(d: Path, *, bridge: str | None = None, node: plan.NodeNet | None = None) -> None:
+def _record(d: Path, *, bridge: str | None = None, node: plan.NodeNet | None = None,
+            keeper: int | None = None) -> None:
     """Add what was just made to the record (made first: a name that was already taken, by another cluster, say,
     is never recorded, so never removed)."""
     rec = leftovers(d) or {"bridge": None, "nodes": {}}
@@ -41,7 +46,21 @@ def _record(d: Path, *, bridge: str | None = None, node: plan.NodeNet | None = N
         rec["bridge"] = bridge
     if node:
         rec["nodes"][node.name] = {"netns": node.netns, "veth": node.veth}
+    if keeper:
+        rec["keeper"] = keeper
     _write_atomic(d / RECORD, json.dumps(rec, indent=1))
+
+
+def _start_keeper(d: Path, name: str) -> None:
+    """Start the cluster's keeper (launcher/cluster/keeper.py) on this machine, detached from the launcher: it
+    replaces a lost node as an Auto Scaling group would, with no launcher running."""
+    import sys
+
+    with open(d / keeper.LOG, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.cluster.keeper", name], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "SCALETRAIN_HOME": str(d.parent.parent.resolve())})
+    _record(d, keeper=proc.pid)
 
 
 def leftovers(d: Path) -> dict:
@@ -69,6 +88,8 @@ def remove(d: Path) -> int:
     many nodes were running."""
     rec = leftovers(d)
     running = 0
+    if rec.get("keeper"):  # first: it would replace the nodes this stops
+        keeper.stop(rec["keeper"])
     for name, made in rec.get("nodes", {}).items():
         pid = _pid(d / "nodes" / name)
         if pid is not None and nodes_.is_ours(pid, made["netns"]):
@@ -81,8 +102,22 @@ def remove(d: Path) -> int:
     return running
 
 
+def _slurm_side(d: Path, head_address: str, *, role: str, cpus: int, address: str,
+                conf: str | None = None) -> tuple[dict[str, tuple[bytes, int]], tuple[str, ...]]:
+    """What a node of a cluster with Slurm gets from the cluster's side before it boots (the munge key; the head
+    node also its slurm.conf) and the daemons it starts: the controller, or slurmd registering itself."""
+    files = {slurm.MUNGE_KEY: ((d / MUNGE_KEY).read_bytes(), 0o400)}
+    if role == "head":
+        assert conf is not None
+        files[slurm.CONF_PATH] = (conf.encode(), 0o644)
+        return files, tuple(slurm.controller_commands())
+    return files, tuple(slurm.worker_commands(controller_addr=head_address, role=role, cpus=cpus, address=address))
+
+
 def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, shared: Path, user_pub: str,
-               address: str | None = None) -> nodes_.Booted:
+               address: str | None = None, *, slurm_role: tuple[str, str, int] | None = None,
+               conf: str | None = None) -> nodes_.Booted:
+    """``slurm_role``: (head node's address, this node's role, its cpus) on a cluster with Slurm."""
     node_dir = d / "nodes" / name
     if node_dir.exists():
         subprocess.run(["rm", "-rf", "--one-file-system", str(node_dir)], check=False)
@@ -98,7 +133,12 @@ def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, shared
     finally:  # whatever part of it was made (the namespace before the veth) is ours to remove
         if nodes_.netns_exists(net.netns):
             _record(d, node=net)
-    return nodes_.boot(name, net.netns, net.address, layers, node_dir, shared, user_pub)
+    files, services = {}, ()
+    if slurm_role is not None:
+        head_address, role, cpus = slurm_role
+        files, services = _slurm_side(d, head_address, role=role, cpus=cpus, address=net.address, conf=conf)
+    return nodes_.boot(name, net.netns, net.address, layers, node_dir, shared, user_pub, files=files,
+                       services=services)
 
 
 def _access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
@@ -107,10 +147,11 @@ def _access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
     from launcher.cluster.aws import api as aws
 
     d = Path(c.ssh_config).parent
-    _write_atomic(Path(c.ssh_config), render.ssh_config(c.name, [(n.name, n.address, n.port) for n in c.nodes],
+    every = [*c.nodes, *([c.head] if c.head else [])]
+    _write_atomic(Path(c.ssh_config), render.ssh_config(c.name, [(n.name, n.address, n.port) for n in every],
                                                         user=c.user, identity_file=str(d / "id_ed25519"),
                                                         known_hosts=c.known_hosts))
-    _write_atomic(Path(c.known_hosts), access.known_hosts_aws([([n.address], keys[n.name]) for n in c.nodes]))
+    _write_atomic(Path(c.known_hosts), access.known_hosts_aws([([n.address], keys[n.name]) for n in every]))
     aws.write_node_access_files(c, keys)
 
 
@@ -120,14 +161,17 @@ def _install_access(c: Cluster) -> None:
     awsrun.install_node_access(c)
 
 
-def up(nodes: int, reducers: int, name: str, subnet: str | None = None) -> Cluster:
+def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_slurm: bool = False) -> Cluster:
+    """``with_slurm``: a head node running Slurm's controller besides the nodes, each node running slurmd, and the
+    keeper (launcher/cluster/keeper.py) replacing a lost node by itself, as an Auto Scaling group does."""
     rh.check_host()
     if subnet is not None:
         plan.parse_subnet(subnet)
     roles = node_names(nodes, reducers)
     layers = rh.ensure_root()
     d = cluster_dir(name)
-    netw = plan.network(str(d.resolve()), [n for n, _ in roles], subnet or plan.free_subnet(nodes_.host_routes()))
+    netw = plan.network(str(d.resolve()), [n for n, _ in roles] + ([HEAD] if with_slurm else []),
+                        subnet or plan.free_subnet(nodes_.host_routes()))
     d.mkdir(parents=True, mode=0o700)
     try:
         user = getpass.getuser()
@@ -142,8 +186,21 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None) -> Clust
         _record(d, bridge=netw.bridge)
         cpus = cpus_per_node(os.cpu_count() or 1, len(roles))
         booted = {}
-        for node, _ in roles:
-            booted[node] = _boot_node(d, netw, node, layers, shared, user_pub)
+        head = None
+        if with_slurm:  # the controller first: each slurmd registers with it as it starts
+            head_addr = netw.node(HEAD).address
+            fd = os.open(d / MUNGE_KEY, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, os.urandom(1024))  # munged wants at least 32 bytes (mungekey(8)); 1024 is its default
+            os.close(fd)
+            conf = slurm.slurm_conf(slurm.SlurmCluster(name=name, controller=HEAD, controller_addr=head_addr,
+                                                       max_nodes=2 * len(roles)))
+            booted[HEAD] = _boot_node(d, netw, HEAD, layers, shared, user_pub, slurm_role=(head_addr, "head", 1),
+                                      conf=conf)
+            head = Node(name=HEAD, address=head_addr, port=22, role="head", slots=0, cpus=1,
+                        workdir=plan.NODE_WORKDIR)
+        for node, role in roles:
+            booted[node] = _boot_node(d, netw, node, layers, shared, user_pub,
+                                      slurm_role=(head.address, role, cpus) if head else None)
         info = RehearsalInfo(bridge=netw.bridge, subnet=netw.subnet, gateway=netw.gateway,
                              netns={n.name: n.netns for n in netw.nodes}, veth={n.name: n.veth for n in netw.nodes},
                              shared_host=str(shared), shared_mount=plan.SHARED_MOUNT, layers=layers.lowerdirs())
@@ -153,10 +210,12 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None) -> Clust
                     ssh_config=str(d / "ssh_config"), known_hosts=str(d / "known_hosts"),
                     python=paths.PYTHON, mpirun=paths.MPIRUN, mpi_prefix=paths.MPI_PREFIX,
                     mpi_interface=plan.NODE_INTERFACE, processes={n: b.pid for n, b in booted.items()},
-                    rehearsal=info, node_ssh_config=f"{plan.NODE_STATE}/ssh_config")
+                    rehearsal=info, node_ssh_config=f"{plan.NODE_STATE}/ssh_config", head=head)
         _access_files(c, {n: b.host_keys for n, b in booted.items()})
         save(c)
         _install_access(c)
+        if head:
+            _start_keeper(d, name)
     except BaseException:
         remove(d)
         raise
@@ -169,7 +228,20 @@ def down(cluster: Cluster) -> int:
 
 def replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, list[str]]]:
     """Boot dead nodes afresh from the image (new disk, new host keys pinned, the old ones gone), as an Auto
-    Scaling group replaces an instance; every node gets the new known_hosts. Returns the new host keys."""
+    Scaling group replaces an instance; every node gets the new known_hosts. Returns the new host keys. One
+    replacement at a time: the keeper and a launcher may both see a node die; the second finds it replaced."""
+    import fcntl
+
+    d = cluster_dir(cluster.name)
+    with open(d / ".replace.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fresh = load(cluster.name)
+        running = set(running_nodes(fresh))
+        todo = [n for n in names if n not in running or fresh.node(n).address == cluster.node(n).address]
+        return _replace(fresh, todo) if todo else (fresh, {})
+
+
+def _replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, list[str]]]:
     assert cluster.rehearsal is not None
     d = cluster_dir(cluster.name)
     rh.check_host()
@@ -178,10 +250,11 @@ def replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, list
     net = plan.parse_subnet(info.subnet)
     netw = plan.Network(info.bridge, info.subnet, info.gateway, net.prefixlen,
                         [plan.NodeNet(n.name, info.netns[n.name], info.veth[n.name], n.address) for n in cluster.nodes])
-    keys: dict[str, list[str]] = {n.name: [] for n in cluster.nodes}
+    every = [*cluster.nodes, *([cluster.head] if cluster.head else [])]
+    keys: dict[str, list[str]] = {n.name: [] for n in every}
     for line in Path(cluster.known_hosts).read_text().splitlines():
         parts = line.split()
-        for n in cluster.nodes:
+        for n in every:
             if len(parts) >= 3 and n.address in parts[0].split(",") and n.name not in names:
                 keys[n.name].append(f"{parts[1]} {parts[2]}")
     user_pub = (d / "id_ed25519.pub").read_text() + (d / "node_ed25519.pub").read_text()
@@ -193,7 +266,9 @@ def replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, list
         nodes_.remove_node_net(net.netns, net.veth)
         addresses[name] = plan.replacement_address(cluster.rehearsal.subnet, taken)
         taken.add(addresses[name])
-        b = _boot_node(d, netw, name, layers, Path(cluster.rehearsal.shared_host), user_pub, addresses[name])
+        node = cluster.node(name)
+        b = _boot_node(d, netw, name, layers, Path(cluster.rehearsal.shared_host), user_pub, addresses[name],
+                       slurm_role=(cluster.head.address, node.role, node.cpus) if cluster.head else None)
         keys[name], pids[name] = b.host_keys, b.pid
     new = cluster.model_copy(update={
         "processes": pids,

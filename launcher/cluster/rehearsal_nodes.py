@@ -73,8 +73,11 @@ class Booted:
 
 
 def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, shared: Path, authorized_key: str,
-         timeout_s: float = 30.0) -> Booted:
-    """Boot one node in its namespace and wait until its sshd answers; its host keys from what it printed."""
+         timeout_s: float = 30.0, *, files: dict[str, tuple[bytes, int]] | None = None,
+         services: tuple[str, ...] = ()) -> Booted:
+    """Boot one node in its namespace and wait until its sshd answers; its host keys from what it printed.
+    ``files``: path on the node -> (content, mode), put in place before it boots, as a node's user data fetches them
+    from the cluster's side (the munge key, the controller's slurm.conf); ``services``: daemons it starts."""
     upper, work, merged = node_dir / "upper", node_dir / "work", node_dir / "merged"
     for d in (upper, work, merged):
         d.mkdir(parents=True, exist_ok=True)
@@ -82,9 +85,14 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, sh
     ssh.mkdir(parents=True, mode=0o700, exist_ok=True)
     (ssh / "authorized_keys").write_text(authorized_key)  # as EC2 puts the launch's key pair (cloud-init)
     (ssh / "authorized_keys").chmod(0o600)
+    for path, (content, mode) in (files or {}).items():
+        target = upper / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        target.chmod(mode)
     script = node_dir / "boot.sh"
     script.write_text(plan.boot_script(node=node, lowerdirs=layers.lowerdirs(), upper=str(upper), work=str(work),
-                                       merged=str(merged), shared=str(shared)))
+                                       merged=str(merged), shared=str(shared), services=services))
     console = node_dir / "console.log"
     with open(console, "wb") as out:
         proc = subprocess.Popen(["ip", "netns", "exec", netns, "unshare", "--mount", "--uts", "--ipc", "--pid",

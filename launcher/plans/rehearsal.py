@@ -219,12 +219,14 @@ HOST_KEYS_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"   # what cloud-init prints
 HOST_KEYS_END = "-----END SSH HOST KEY KEYS-----"
 
 
-def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merged: str, shared: str) -> str:
+def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merged: str, shared: str,
+                services: tuple[str, ...] = ()) -> str:
     """The node's first process, run as pid 1 of new mount, UTS, IPC and PID namespaces inside its network
     namespace: mount its root (an overlay of the built layers with the node's own upper directory) and the shared
     directory, pivot into it so nothing else of the launcher's machine is reachable, take its hostname, make its
     host keys and print them between cloud-init's markers (the launcher pins them from this output, as it does
-    from an EC2 console), then become sshd. Killing it ends every process of the node at once."""
+    from an EC2 console), start ``services`` (each a command that daemonizes: munge and Slurm's daemon,
+    launcher/plans/slurm.py), then become sshd. Killing it ends every process of the node at once."""
     q = shlex.quote
     lower = ":".join(lowerdirs)
     return "\n".join([
@@ -236,6 +238,14 @@ def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merge
         f"mount --bind {q(shared)} {q(merged + SHARED_MOUNT)}",
         f"mount -t proc proc {q(merged + '/proc')}",
         f"mount -t sysfs sysfs {q(merged + '/sys')}",
+        # slurmd initializes its cgroup plugin even with proctrack/linuxproc and task/none, and fails with "No
+        # filesystem mounted on /sys/fs/cgroup" (`ip netns exec` gives the node a fresh sysfs without this
+        # machine's cgroup mounts). A tmpfs there with a v1 systemd hierarchy under it is what Slurm's autodetection
+        # takes for cgroup v1, whose plugin then needs no controller for those two plugins.
+        *([f"mount -t tmpfs -o mode=0755 cgroup {q(merged + '/sys/fs/cgroup')}",
+           f"install -d {q(merged + '/sys/fs/cgroup/systemd')}",
+           f"mount -t cgroup -o none,name=systemd cgroup {q(merged + '/sys/fs/cgroup/systemd')}"]
+          if services else []),
         f"mount -t tmpfs -o mode=0755,size=64k tmpfs {q(merged + '/dev')}",
         *(f"touch {q(merged + '/dev/' + d)} && mount --bind /dev/{d} {q(merged + '/dev/' + d)}"
           for d in ("null", "zero", "full", "random", "urandom", "tty")),
@@ -264,6 +274,7 @@ def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merge
         f"echo {q(HOST_KEYS_BEGIN)}",
         "cat /etc/ssh/ssh_host_ed25519_key.pub /etc/ssh/ssh_host_ecdsa_key.pub",
         f"echo {q(HOST_KEYS_END)}",
+        *services,
         "install -d -m 0755 /run/sshd",
         "exec /usr/sbin/sshd -D -e",
         ""])

@@ -1,0 +1,65 @@
+"""`launch jobs`, `launch logs ID`, `launch cancel ID`: the cluster's Slurm jobs, read on its head node."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.table import Table
+
+from launcher import cluster as clusters
+from launcher.cli.common import ClusterOpt, console
+from launcher.execute import slurmjobs
+
+app = typer.Typer()
+
+
+@app.command("jobs")
+def jobs_(cluster: str = ClusterOpt,
+          as_json: bool = typer.Option(False, "--json", help="One JSON array: id, name, state (queued, running, "
+                                                               "succeeded, failed, cancelled), started, ended, "
+                                                               "nodes, restarts, output, stdout, exit_code.")):
+    """The cluster's jobs (Slurm's queue and its record of finished jobs), newest first."""
+    found = slurmjobs.jobs(clusters.load(cluster))
+    if as_json:
+        print(json.dumps([j.as_json() for j in found], indent=1))
+        return
+    if not found:
+        console.print("no jobs")
+        return
+    table = Table()
+    for col in ("id", "name", "state", "started", "nodes", "restarts", "output"):
+        table.add_column(col, no_wrap=col != "output")
+    for j in found:
+        table.add_row(j.id, j.name, j.state + (f" ({j.reason})" if j.reason and j.state == "queued" else ""),
+                      j.started or "-", j.nodes, str(j.restarts), j.output or "-")
+    console.print(table)
+
+
+@app.command("logs")
+def logs(job_id: str = typer.Argument(..., metavar="ID", help="The job, as `launch jobs` lists it."),
+         cluster: str = ClusterOpt,
+         follow: bool = typer.Option(False, "-f", "--follow", help="Go on printing until the job ends; Ctrl-C "
+                                                                   "stops printing, never the job.")):
+    """Print a job's output (its file on the shared storage, read on the head node)."""
+    c = clusters.load(cluster)
+    try:
+        job = slurmjobs.follow(c, job_id, until_end=follow)
+    except KeyboardInterrupt:
+        console.print(f"\n{slurmjobs.detached(job_id, c.name)}", markup=False, highlight=False)
+        raise typer.Exit(130) from None
+    if follow:
+        console.print(f"job {job_id} {job.state} ({job.slurm_state}, exit {job.exit_code})", markup=False,
+                      highlight=False)
+        if job.state != "succeeded":
+            raise typer.Exit(1)
+
+
+@app.command("cancel")
+def cancel(job_id: str = typer.Argument(..., metavar="ID", help="The job, as `launch jobs` lists it."),
+           cluster: str = ClusterOpt):
+    """Stop a queued or running job (Slurm's scancel); its checkpoints stay in its run directory."""
+    c = clusters.load(cluster)
+    job = slurmjobs.cancel(c, job_id)
+    console.print(f"job {job_id} ({job.name}, {job.state}) cancelled; run directory {job.output}", markup=False,
+                  highlight=False)

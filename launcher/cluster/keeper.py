@@ -1,0 +1,91 @@
+"""The local cluster's Auto Scaling group: a small process on this machine that replaces a lost node by itself.
+
+On AWS a worker's Auto Scaling group launches a new instance when one is terminated or fails its health check, and
+the new instance registers with Slurm's controller from its own boot (slurmd -Z), with nobody attached. `launch local
+up` starts this keeper for a local cluster with Slurm, so that recovery there needs no launcher either: every
+second it looks at each node's first process, and when one has ended it boots the node afresh (new address, new
+host keys, the others told: launcher/cluster/local_rehearsal.replace), whose slurmd then registers again. The head
+node is not replaced, as ParallelCluster's head node is in no Auto Scaling group. `launch local down` stops it first.
+
+It logs one line per event to the cluster's keeper.log. Run as ``python -m launcher.cluster.keeper NAME``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+LOG = "keeper.log"
+INTERVAL_S = 1.0
+
+
+def is_keeper(pid: int) -> bool:
+    try:
+        return b"launcher.cluster.keeper" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def stop(pid: int, timeout_s: float = 10.0) -> None:
+    """Stop the keeper whose pid was recorded (never another process that reuses its pid); it finishes a replacement
+    under way first."""
+    if not is_keeper(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while is_keeper(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    if is_keeper(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def say(line: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}", flush=True)
+
+
+def main(name: str) -> int:
+    from launcher import cluster as clusters
+    from launcher.cluster import local_rehearsal
+    from launcher.errors import LaunchError
+
+    stopping = False
+
+    def on_term(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    say(f"keeper of cluster '{name}' started (pid {os.getpid()})")
+    while not stopping:
+        time.sleep(INTERVAL_S)
+        try:
+            c = clusters.load(name)
+        except LaunchError:
+            say("the cluster is gone; stopping")
+            return 0
+        lost = [n for n in c.names() if n not in local_rehearsal.running_nodes(c)]
+        if not lost or stopping:
+            continue
+        started = time.monotonic()
+        say(f"lost: {', '.join(lost)} (its first process ended); replacing")
+        try:
+            new, _ = local_rehearsal.replace(c, lost)
+        except (LaunchError, OSError) as e:
+            say(f"replacing {', '.join(lost)} failed: {e}; trying again")
+            continue
+        for n in lost:
+            say(f"{n} replaced: {new.node(n).address}, in {time.monotonic() - started:.1f} s")
+    say("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

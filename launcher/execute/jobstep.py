@@ -1,0 +1,174 @@
+"""The step of a Slurm training job: what its batch script (launcher/plans/slurm.batch_script) runs on the first node
+of the allocation. It runs on the cluster, so nothing here depends on the launcher that submitted the job.
+
+1. It says which attempt this is (Slurm counts restarts in SLURM_RESTART_COUNT) and ends the job when the bound
+   (--max-restarts) is spent.
+2. It writes the hostfile from the allocation (`scontrol show hostnames`), with the nodes' slots.
+3. It runs the run's mpirun line, adding the trainer's --resume when Slurm restarted the job, and prints what it
+   prints (the job's output file). No output for --stall-timeout seconds ends it (a rank stuck in a collective).
+4. When mpirun fails, the decisions of launcher/plans/restarts.py say whether a node was lost and a restart is due:
+   then the lost nodes are set DOWN (a replacement that registers under the same name returns them, ReturnToService=2)
+   and the job is requeued (`scontrol requeue`); Slurm starts it again when the allocation is whole. A failure the
+   trainer named itself is not retried: the job fails with the trainer's line.
+
+Run as ``python -m launcher.execute.jobstep [options] -- MPIRUN ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from launcher.plans import restarts
+
+PROBE_TIMEOUT_S = 10
+
+
+def say(line: str) -> None:
+    print(f"[job] {line}", flush=True)
+
+
+def hosts_of(nodelist: str) -> list[str]:
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def unreachable(hosts: list[str], ssh_config: str) -> dict[str, str]:
+    """The allocation's nodes that no longer answer SSH (each probed at once, within PROBE_TIMEOUT_S)."""
+    def probe(host: str) -> tuple[str, str | None]:
+        try:
+            p = subprocess.run(["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o",
+                                f"ConnectTimeout={PROBE_TIMEOUT_S}", host, "true"],
+                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S + 5)
+        except subprocess.TimeoutExpired:
+            return host, "no answer"
+        return host, None if p.returncode == 0 else (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        return {h: why for h, why in pool.map(probe, hosts) if why}
+
+
+def run_step(argv: list[str], stall_s: float) -> tuple[int, list[str], str | None]:
+    """Run mpirun, relaying its lines; (exit code, lines, why it was stopped when the stall timeout did)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    last = time.monotonic()
+    stopped = None
+    while True:
+        try:
+            line = lines.get(timeout=1.0)
+        except queue.Empty:
+            if stall_s and time.monotonic() - last > stall_s and stopped is None:
+                stopped = f"the job printed nothing for {stall_s:g} s (--stall-timeout): a rank stuck in a collective"
+                say(f"{stopped}; stopping it")
+                _end(proc)
+            continue
+        if line is None:
+            break
+        last = time.monotonic()
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        seen.append(line.rstrip("\n"))
+        seen = seen[-2000:]
+    return proc.wait(), seen, stopped
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to mpirun's process group, SIGKILL after a grace period."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait or 5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def main(args: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launcher.execute.jobstep")
+    p.add_argument("--max-restarts", type=int, default=0)
+    p.add_argument("--stall-timeout", type=float, default=0.0)
+    p.add_argument("--slots", type=int, required=True)
+    p.add_argument("--hostfile", required=True)
+    p.add_argument("--ssh-config", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("mpirun", nargs=argparse.REMAINDER)
+    a = p.parse_args(args)
+    mpirun = a.mpirun[1:] if a.mpirun[:1] == ["--"] else a.mpirun
+    job_id = os.environ.get("SLURM_JOB_ID", "?")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    hosts = hosts_of(os.environ.get("SLURM_JOB_NODELIST", ""))
+    say(f"job {job_id}, attempt {restart + 1} (at most {a.max_restarts + 1}), on {', '.join(hosts)}")
+    if restart > a.max_restarts:
+        print(f"error: job {job_id} was restarted {restart} time(s), more than --max-restarts {a.max_restarts}; "
+              f"not running it again", flush=True)
+        return 1
+    write_atomic(Path(a.hostfile), "".join(f"{h} slots={a.slots}\n" for h in hosts))
+    if restart and "--resume" not in mpirun:
+        mpirun = [*mpirun, "--resume"]
+    code, lines, stopped = run_step(mpirun, a.stall_timeout)
+    if code == 0 and not stopped:
+        say(f"job {job_id} finished")
+        return 0
+    silent = unreachable(hosts, a.ssh_config)
+    why = stopped or f"mpirun exited {code}"
+    lost = restarts.lost_nodes(lines, silent, hosts)
+    record = Path(a.output) / restarts.RECORD_FILE
+    try:
+        history = json.loads(record.read_text()).get("history", [])
+    except (OSError, ValueError):
+        history = []
+    at = restarts.progress(lines)
+    verdict = restarts.decide(why, lost, trainer_error=restarts.trainer_error(lines), restarts_done=restart,
+                              max_restarts=a.max_restarts, previous_lost=history[-1]["lost"] if history else None,
+                              progressed=at is not None)
+    if not verdict.retry:
+        print(f"error: training failed: {verdict.why}", flush=True)
+        return code or 1
+    step = restarts.Restart(attempt=restart + 1, why=why, lost=list(lost), resumed_from_epoch=-1,
+                            epochs_lost=0.0, progress=list(at) if at else None)
+    write_atomic(record, restarts.record([restarts.Restart(**h) for h in history] + [step]))
+    causes = "; ".join(f"{n}: {silent.get(n, 'mpirun lost its daemon there')}" for n in lost)
+    say(f"{', '.join(lost)} lost ({causes}); "
+        f"requeueing job {job_id} (restart {restart + 1} of {a.max_restarts}); it resumes from the newest "
+        f"complete checkpoint once the allocation is whole again")
+    for node in lost:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason=lost during job {job_id}"],
+                       capture_output=True)
+    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"error: training failed: {why}, and Slurm would not requeue job {job_id}: {done.stderr.strip()}",
+              flush=True)
+        return code or 1
+    return code or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Slurm on the cluster, as pure decisions: the controller's slurm.conf, how each node starts munge and its Slurm
+daemon, the batch script of a training job, and what a job's Slurm state means to the user.
+
+The cluster owns its jobs, as on AWS ParallelCluster and SageMaker HyperPod: a head node (never spot) runs
+``slurmctld``; every worker runs ``slurmd -Z`` and registers itself with the controller (dynamic nodes), fetching
+the configuration from it (configless), so an Auto Scaling group's replacement joins with nobody attached. The
+launcher only renders, submits (``sbatch``), follows, detaches and reattaches.
+
+Everything here is pure; launcher/cluster/ (the local head node) and infra/ (the stack's head node) carry it out.
+The rules each setting follows are cited beside it from Slurm 22.05's slurm.conf(5), sbatch(1) and slurmd(8)
+(https://slurm.schedmd.com/archive/slurm-22.05.8/), the release Debian 12 ships and the rehearsal nodes run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+SLURMCTLD_PORT = 6817
+SLURMD_PORT = 6818
+CONF_PATH = "/etc/slurm/slurm.conf"          # Debian's and SchedMD's default (--sysconfdir=/etc/slurm)
+MUNGE_KEY = "/etc/munge/munge.key"
+STATE_DIR = "/var/spool/slurmctld"
+SPOOL_DIR = "/var/spool/slurmd"
+LOG_DIR = "/var/log/slurm"
+JOBCOMP_LOG = f"{LOG_DIR}/jobcomp.log"        # one line per finished job: the record after slurmctld forgets it
+PARTITION = "train"
+WORKER_FEATURE = "worker"
+REDUCER_FEATURE = "reducer"
+# A lost node is noticed within SlurmdTimeout: "the interval, in seconds, that the Slurm controller waits for
+# slurmd to respond before configuring that node's state to DOWN" (slurm.conf(5)). The default, 300 s, is five
+# minutes of eight idle p4d; ParallelCluster keeps 180 s for EC2 with health checks besides. One minute here.
+SLURMD_TIMEOUT_S = 60
+# Finished jobs stay in the controller's memory (squeue, scontrol show job: state, restarts, output) this long;
+# the default 300 s would forget a run before its user is back from lunch (slurm.conf(5), MinJobAge).
+MIN_JOB_AGE_S = 7 * 24 * 3600
+# A requeued job may start again only after the step credentials' lifetime (slurm.conf(5), AuthInfo cred_expire:
+# "also used to set the time before a requeued job can start"; default 120 s, minimum 5 s).
+CRED_EXPIRE_S = 30
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """What the controller's configuration is made from: one description for the stack and the local cluster."""
+
+    name: str                                # the scaletrain cluster's name
+    controller: str                          # the head node's host name (what its gethostname() says)
+    controller_addr: str                     # ... and its address, which every node dials
+    max_nodes: int                           # dynamic nodes the controller may hold (workers, reducers, spares)
+    health_check: str | None = None          # a program run on every node; non-zero drains it
+    health_check_interval_s: int = 300
+    epilog_ctld: str | None = None           # run on the head node by slurmctld after every job
+    cred_expire_s: int = CRED_EXPIRE_S
+
+
+def cluster_name(name: str) -> str:
+    """Slurm's ClusterName: lower case, and the characters a file name holds (slurm.conf(5): "ClusterName ...
+    names are converted to lower case")."""
+    return re.sub(r"[^a-z0-9_]", "_", f"scaletrain_{name}".lower())[:40]
+
+
+def slurm_conf(c: SlurmCluster) -> str:
+    """The controller's slurm.conf. Nodes are dynamic: none is listed; each registers itself with ``slurmd -Z``
+    and a Feature that puts it in the partition's NodeSet."""
+    if c.max_nodes < 1:
+        raise ValueError(f"max_nodes must be >= 1, got {c.max_nodes}")
+    lines = [
+        "# Rendered by launcher/plans/slurm.py (slurm_conf); Slurm 22.05 or later.",
+        f"ClusterName={cluster_name(c.name)}",
+        f"SlurmctldHost={c.controller}({c.controller_addr})",
+        f"SlurmctldPort={SLURMCTLD_PORT}",
+        f"SlurmdPort={SLURMD_PORT}",
+        "SlurmUser=slurm",
+        "AuthType=auth/munge",
+        "CryptoType=crypto/munge",
+        f"AuthInfo=cred_expire={c.cred_expire_s}",
+        # Configless: the nodes fetch this file from slurmctld (slurmd --conf-server), so it lives on the head
+        # node only and a replacement needs nothing but the munge key (https://slurm.schedmd.com/configless_slurm.html).
+        "SlurmctldParameters=enable_configless",
+        # Dynamic nodes: "MaxNodeCount ... the maximum number of nodes that can be created dynamically" and the
+        # controller talks to each directly (https://slurm.schedmd.com/dynamic_nodes.html: "TreeWidth=65533").
+        f"MaxNodeCount={c.max_nodes}",
+        "TreeWidth=65533",
+        f"StateSaveLocation={STATE_DIR}",
+        f"SlurmdSpoolDir={SPOOL_DIR}",
+        f"SlurmctldLogFile={LOG_DIR}/slurmctld.log",
+        f"SlurmdLogFile={LOG_DIR}/slurmd.log",
+        "SlurmctldPidFile=/run/slurmctld.pid",
+        "SlurmdPidFile=/run/slurmd.pid",
+        # No systemd, no cgroup hierarchy of our own on a rehearsal node: processes are tracked by parent pid.
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "MpiDefault=none",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        # A node that registers again after it was DOWN (a replacement under the same name) takes jobs again.
+        "ReturnToService=2",
+        f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
+        "SlurmctldTimeout=120",
+        "InactiveLimit=0",
+        "KillWait=30",
+        "JobRequeue=1",
+        f"MinJobAge={MIN_JOB_AGE_S}",
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={JOBCOMP_LOG}",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+    ]
+    if c.health_check:
+        lines += [f"HealthCheckProgram={c.health_check}", f"HealthCheckInterval={c.health_check_interval_s}",
+                  "HealthCheckNodeState=ANY"]
+    if c.epilog_ctld:
+        lines.append(f"EpilogSlurmctld={c.epilog_ctld}")
+    lines += [
+        f"NodeSet=workers Feature={WORKER_FEATURE}",
+        f"NodeSet=reducers Feature={REDUCER_FEATURE}",
+        f"PartitionName={PARTITION} Nodes=workers,reducers Default=YES MaxTime=INFINITE State=UP "
+        "OverSubscribe=EXCLUSIVE",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# -- how a node starts its daemons -------------------------------------------------------------------------------------
+
+def munge_commands() -> list[str]:
+    """Start munged as user munge (it refuses to run as root), with the key the cluster side put in place."""
+    return [
+        f"chown munge:munge {MUNGE_KEY} && chmod 0400 {MUNGE_KEY}",
+        "install -d -o munge -g munge -m 0755 /run/munge",
+        "install -d -o munge -g munge -m 0700 /var/log/munge /var/lib/munge",
+        "runuser -u munge -- /usr/sbin/munged",
+    ]
+
+
+def controller_commands() -> list[str]:
+    """The head node: munge, then slurmctld (it daemonizes and drops to SlurmUser)."""
+    return [*munge_commands(),
+            f"install -d -o slurm -g slurm -m 0755 {STATE_DIR} {LOG_DIR}",
+            "/usr/sbin/slurmctld"]
+
+
+def node_conf(*, role: str, cpus: int, address: str) -> str:
+    """``slurmd --conf``: what a dynamic node says of itself (slurmd(8): "the same syntax and parameters used to
+    define nodes in the slurm.conf"; NodeName is the host name)."""
+    feature = WORKER_FEATURE if role == "worker" else REDUCER_FEATURE
+    return f"NodeAddr={address} CPUs={cpus} Feature={feature}"
+
+
+def worker_commands(*, controller_addr: str, role: str, cpus: int, address: str) -> list[str]:
+    """A worker or reducer node: munge, then ``slurmd -Z`` registering with the controller and fetching its
+    configuration from it (slurmd(8), ``-Z``: "Start a dynamic node"; ``--conf-server``: "the slurmctld to fetch
+    the configuration from")."""
+    return [*munge_commands(),
+            f"install -d -m 0755 {SPOOL_DIR} {LOG_DIR}",
+            f"/usr/sbin/slurmd -Z --conf-server {controller_addr}:{SLURMCTLD_PORT} "
+            f"--conf {shlex.quote(node_conf(role=role, cpus=cpus, address=address))}"]
+
+
+# -- what a job's state means ------------------------------------------------------------------------------------------
+
+QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
+_STATES = {
+    "PENDING": QUEUED, "CONFIGURING": QUEUED, "REQUEUED": QUEUED, "REQUEUE_FED": QUEUED, "REQUEUE_HOLD": QUEUED,
+    "RESV_DEL_HOLD": QUEUED, "SUSPENDED": QUEUED, "STOPPED": QUEUED, "RESIZING": QUEUED, "SPECIAL_EXIT": FAILED,
+    "RUNNING": RUNNING, "COMPLETING": RUNNING, "SIGNALING": RUNNING, "STAGE_OUT": RUNNING,
+    "COMPLETED": SUCCEEDED,
+    "FAILED": FAILED, "TIMEOUT": FAILED, "NODE_FAIL": FAILED, "OUT_OF_MEMORY": FAILED, "BOOT_FAIL": FAILED,
+    "DEADLINE": FAILED, "PREEMPTED": FAILED, "REVOKED": FAILED,
+    "CANCELLED": CANCELLED,
+}
+FINISHED = (SUCCEEDED, FAILED, CANCELLED)
+
+
+def state_of(slurm_state: str) -> str:
+    """Our five states from Slurm's JobState (squeue(1), "JOB STATE CODES"); unknown ones count as running."""
+    return _STATES.get(slurm_state.split()[0].rstrip("+"), RUNNING)
+
+
+# -- a training run as a Slurm job -------------------------------------------------------------------------------------
+
+OUTPUT_FILE = "slurm-%j.out"                 # in the run directory; %j: the job id (sbatch(1), "filename pattern")
+HOSTFILE = "hostfile"                        # written by the job's step from its allocation
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """What one training job's batch script is made from (paths as the nodes see them)."""
+
+    name: str                                # the job's name in squeue
+    nodes: int
+    slots: int                               # ranks per node
+    output: str                              # the run directory, on shared storage
+    python: str                              # the image's Python, with scaletrain installed
+    mpirun: tuple[str, ...]                  # the run's mpirun line (launcher/plans/job.py), hostfile OUTPUT/hostfile
+    ssh_config: str                          # the nodes' ssh_config (the step probes the allocation with it)
+    max_restarts: int = 0
+    stall_timeout_s: float = 1800.0
+
+
+def output_file(output: str, job_id: str) -> str:
+    return f"{output}/{OUTPUT_FILE.replace('%j', job_id)}"
+
+
+def batch_script(b: BatchJob) -> str:
+    """The job as awsome-distributed-training writes one: its allocation in #SBATCH lines, then one line that starts
+    the step (launcher/execute/jobstep.py) on the allocation's first node. The step writes the hostfile from the
+    allocation, adds --resume when Slurm restarted the job, enforces the stall timeout, and asks Slurm to requeue
+    the job when a node was lost, up to --max-restarts times."""
+    if b.nodes < 1 or b.slots < 1:
+        raise ValueError(f"a job needs nodes >= 1 and slots >= 1, got {b.nodes} and {b.slots}")
+    q = shlex.quote
+    step = [b.python, "-m", "launcher.execute.jobstep", "--max-restarts", str(b.max_restarts),
+            "--stall-timeout", f"{b.stall_timeout_s:g}", "--slots", str(b.slots),
+            "--hostfile", f"{b.output}/{HOSTFILE}", "--ssh-config", b.ssh_config, "--output", b.output, "--",
+            *b.mpirun]
+    return "\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --job-name={b.name}",
+        f"#SBATCH --nodes={b.nodes}",
+        f"#SBATCH --ntasks-per-node={b.slots}",
+        f"#SBATCH --constraint={WORKER_FEATURE}",
+        "#SBATCH --exclusive",
+        # Requeued when a node fails (sbatch(1), --requeue: "the batch job should be eligible for requeuing"),
+        # appending to the same output (--open-mode=append) so one file tells the whole run.
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --chdir={b.output}",
+        f"#SBATCH --output={b.output}/{OUTPUT_FILE}",
+        "# Submitted by `launch train`; the cluster owns this run: it outlives the launcher, and Slurm requeues it",
+        "# when a node is lost. Follow it with `launch logs ID -f`, stop it with `launch cancel ID`.",
+        "exec " + " ".join(q(a) for a in step),
+        ""])
+
+
+def submitted_id(sbatch_output: str) -> str:
+    """The job id `sbatch --parsable` printed ("ID" or "ID;CLUSTER")."""
+    first = sbatch_output.strip().splitlines()[-1] if sbatch_output.strip() else ""
+    job_id = first.split(";")[0].strip()
+    if not job_id.isdigit():
+        raise ValueError(f"sbatch printed no job id: {sbatch_output.strip()[:200]!r}")
+    return job_id
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as `launch jobs` shows it."""
+
+    id: str
+    name: str
+    state: str                               # queued, running, succeeded, failed or cancelled
+    slurm_state: str
+    started: str | None                      # ISO 8601, the cluster's clock
+    ended: str | None
+    nodes: str                               # the node list, or the count asked for while queued
+    restarts: int
+    output: str | None                       # the run directory
+    stdout: str | None                       # the job's output file
+    exit_code: str
+    reason: str | None                       # why it waits, or why it failed (Slurm's Reason)
+
+    def as_json(self) -> dict:
+        return {"id": self.id, "name": self.name, "state": self.state, "slurm_state": self.slurm_state,
+                "started": self.started, "ended": self.ended, "nodes": self.nodes, "restarts": self.restarts,
+                "output": self.output, "stdout": self.stdout, "exit_code": self.exit_code, "reason": self.reason}
+
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z:/]*)=")
+
+
+def fields(line: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one `scontrol show job --oneliner` line, or of one jobcomp/filetxt line; a value may
+    hold spaces (up to the next `` Key=``)."""
+    found = list(_FIELD.finditer(line))
+    out = {}
+    for i, m in enumerate(found):
+        end = found[i + 1].start() if i + 1 < len(found) else len(line)
+        out[m[1]] = line[m.end():end].strip()
+    return out
+
+
+def _time(value: str | None) -> str | None:
+    return value if value and value not in ("Unknown", "None", "(null)") else None
+
+
+def job_of(f: dict[str, str]) -> Job:
+    slurm_state = f.get("JobState", "UNKNOWN")
+    nodes = f.get("NodeList") or ""
+    if not nodes or nodes == "(null)":
+        nodes = f.get("NumNodes", f.get("NodeCnt", "?"))
+    reason = f.get("Reason")
+    return Job(id=f.get("JobId", "?"), name=f.get("JobName", f.get("Name", "")), state=state_of(slurm_state),
+               slurm_state=slurm_state, started=_time(f.get("StartTime")), ended=_time(f.get("EndTime")),
+               nodes=nodes, restarts=int(f.get("Restarts", "0") or 0), output=f.get("WorkDir") or None,
+               stdout=f.get("StdOut") or None, exit_code=f.get("ExitCode", ""),
+               reason=None if reason in (None, "None") else reason)
+
+
+def parse_jobs(scontrol_text: str, jobcomp_text: str = "") -> list[Job]:
+    """Every job the controller remembers (`scontrol show job --oneliner`), then the older ones only its job
+    completion log has (the newest line of each), newest first."""
+    jobs: dict[str, Job] = {}
+    for line in jobcomp_text.splitlines():
+        f = fields(line)
+        if "JobId" in f:
+            jobs[f["JobId"]] = job_of(f)
+    for line in scontrol_text.splitlines():
+        f = fields(line)
+        if "JobId" in f:
+            jobs[f["JobId"]] = job_of(f)
+    return sorted(jobs.values(), key=lambda j: int(j.id) if j.id.isdigit() else 0, reverse=True)

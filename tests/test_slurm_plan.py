@@ -1,0 +1,159 @@
+"""Slurm's pure decisions (launcher/plans/slurm.py): the controller's slurm.conf, the daemons each node starts, the
+training job's batch script, and what `scontrol` and the job completion log say about jobs. No servers."""
+
+from __future__ import annotations
+
+import pytest
+from golden import assert_golden
+
+from launcher.plans import slurm
+
+CLUSTER = slurm.SlurmCluster(name="local", controller="head", controller_addr="10.213.0.4", max_nodes=6)
+
+
+def test_slurm_conf_golden():
+    assert_golden("slurm-local.conf", slurm.slurm_conf(CLUSTER))
+
+
+def conf_settings(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and not line.startswith(("NodeSet", "PartitionName")):
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+def test_slurm_conf_is_what_recovery_relies_on():
+    s = conf_settings(slurm.slurm_conf(CLUSTER))
+    # A lost node noticed in about a minute, a replacement under the same name taken back, jobs requeued.
+    assert int(s["SlurmdTimeout"]) <= 60
+    assert s["ReturnToService"] == "2"
+    assert s["JobRequeue"] == "1"
+    # Nodes fetch the configuration from the controller; dynamic nodes need room in MaxNodeCount.
+    assert "enable_configless" in s["SlurmctldParameters"]
+    assert s["MaxNodeCount"] == "6"
+    assert s["SlurmctldHost"] == "head(10.213.0.4)"
+    # Finished jobs are remembered long enough for `launch jobs` after a detached run, and logged beyond that.
+    assert int(s["MinJobAge"]) >= 24 * 3600
+    assert s["JobCompType"] == "jobcomp/filetxt"
+
+
+def test_slurm_conf_adds_health_check_and_epilog_only_when_given():
+    bare = slurm.slurm_conf(CLUSTER)
+    assert "HealthCheckProgram" not in bare and "EpilogSlurmctld" not in bare
+    full = slurm.slurm_conf(slurm.SlurmCluster(name="x", controller="h", controller_addr="10.0.0.1", max_nodes=1,
+                                               health_check="/opt/check", epilog_ctld="/opt/epilog"))
+    assert "HealthCheckProgram=/opt/check" in full and "EpilogSlurmctld=/opt/epilog" in full
+
+
+@pytest.mark.parametrize("max_nodes", [0, -1])
+def test_slurm_conf_refuses_no_room_for_nodes(max_nodes):
+    with pytest.raises(ValueError, match="max_nodes"):
+        slurm.slurm_conf(slurm.SlurmCluster(name="x", controller="h", controller_addr="10.0.0.1", max_nodes=max_nodes))
+
+
+def test_cluster_name_is_lower_case_and_safe():
+    assert slurm.cluster_name("My-Cluster.1") == "scaletrain_my_cluster_1"
+
+
+def test_worker_registers_itself_with_the_controller():
+    cmds = slurm.worker_commands(controller_addr="10.213.0.4", role="worker", cpus=2, address="10.213.0.2")
+    assert cmds[-1] == ("/usr/sbin/slurmd -Z --conf-server 10.213.0.4:6817 "
+                        "--conf 'NodeAddr=10.213.0.2 CPUs=2 Feature=worker'")
+    assert any("runuser -u munge -- /usr/sbin/munged" in c for c in cmds)  # munged refuses to run as root
+    reducer = slurm.worker_commands(controller_addr="10.0.0.1", role="reducer", cpus=4, address="10.0.0.9")
+    assert "Feature=reducer" in reducer[-1]
+
+
+def test_controller_starts_munge_before_slurmctld():
+    cmds = slurm.controller_commands()
+    assert cmds.index("runuser -u munge -- /usr/sbin/munged") < cmds.index("/usr/sbin/slurmctld")
+
+
+JOB = slurm.BatchJob(name="scaletrain-resnet18", nodes=2, slots=1, output="/fsx/scaletrain/runs/r1",
+                     python="/opt/scaletrain/venv/bin/python",
+                     mpirun=("/opt/amazon/openmpi/bin/mpirun", "-np", "2", "--hostfile",
+                             "/fsx/scaletrain/runs/r1/hostfile", "python", "-m", "training.train", "--epochs", "3"),
+                     ssh_config="/root/.scaletrain/cluster/ssh_config", max_restarts=1, stall_timeout_s=1800)
+
+
+def test_batch_script_golden():
+    assert_golden("slurm-job.sbatch", slurm.batch_script(JOB))
+
+
+def test_batch_script_asks_for_requeue_and_appends_output():
+    lines = slurm.batch_script(JOB).splitlines()
+    sbatch = [ln for ln in lines if ln.startswith("#SBATCH ")]
+    assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --requeue" in sbatch
+    assert "#SBATCH --open-mode=append" in sbatch  # a restarted job continues the same output file
+    assert "#SBATCH --output=/fsx/scaletrain/runs/r1/slurm-%j.out" in sbatch
+    assert lines[-1].startswith("exec /opt/scaletrain/venv/bin/python -m launcher.execute.jobstep --max-restarts 1 ")
+    # Every #SBATCH line comes before the first command: sbatch ignores those after it.
+    first_command = next(i for i, ln in enumerate(lines) if ln and not ln.startswith("#"))
+    assert all(i < first_command for i, ln in enumerate(lines) if ln.startswith("#SBATCH"))
+
+
+@pytest.mark.parametrize("nodes,slots", [(0, 1), (1, 0)])
+def test_batch_script_refuses_an_empty_allocation(nodes, slots):
+    with pytest.raises(ValueError):
+        slurm.batch_script(slurm.BatchJob(**{**JOB.__dict__, "nodes": nodes, "slots": slots}))
+
+
+@pytest.mark.parametrize("printed,job_id", [("42\n", "42"), ("42;scaletrain_local\n", "42"),
+                                            ("sbatch: warning: x\n43\n", "43")])
+def test_submitted_id(printed, job_id):
+    assert slurm.submitted_id(printed) == job_id
+
+
+@pytest.mark.parametrize("printed", ["", "sbatch: error: Batch job submission failed: Invalid feature specification"])
+def test_submitted_id_refuses_no_id(printed):
+    with pytest.raises(ValueError, match="no job id"):
+        slurm.submitted_id(printed)
+
+
+@pytest.mark.parametrize("slurm_state,state", [
+    ("PENDING", "queued"), ("REQUEUED", "queued"), ("CONFIGURING", "queued"), ("RUNNING", "running"),
+    ("COMPLETING", "running"), ("COMPLETED", "succeeded"), ("FAILED", "failed"), ("NODE_FAIL", "failed"),
+    ("OUT_OF_MEMORY", "failed"), ("TIMEOUT", "failed"), ("CANCELLED", "cancelled"), ("CANCELLED+", "cancelled"),
+    ("CANCELLED by 0", "cancelled")])
+def test_state_of(slurm_state, state):
+    assert slurm.state_of(slurm_state) == state
+
+
+# What Slurm 22.05.8's `scontrol show job --oneliner` printed on the local cluster (trimmed of fields not read).
+SCONTROL = (
+    "JobId=2 JobName=scaletrain-resnet18 UserId=root(0) GroupId=root(0) Priority=1 JobState=PENDING "
+    "Reason=BeginTime Dependency=(null) Requeue=1 Restarts=1 BatchFlag=1 ExitCode=0:0 "
+    "StartTime=2026-11-25T15:40:12 EndTime=Unknown NodeList=(null) NumNodes=2-2 "
+    "WorkDir=/fsx/scaletrain/runs/b StdOut=/fsx/scaletrain/runs/b/slurm-2.out\n"
+    "JobId=1 JobName=scaletrain-resnet18 UserId=root(0) GroupId=root(0) Priority=1 JobState=COMPLETED "
+    "Reason=None Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 "
+    "StartTime=2026-11-25T15:30:00 EndTime=2026-11-25T15:38:09 NodeList=node[0-1] NumNodes=2 "
+    "WorkDir=/fsx/scaletrain/runs/a b StdOut=/fsx/scaletrain/runs/a b/slurm-1.out\n")
+JOBCOMP = (
+    "JobId=1 UserId=root(0) GroupId=root(0) Name=scaletrain-resnet18 JobState=NODE_FAIL Partition=train "
+    "TimeLimit=UNLIMITED StartTime=2026-11-25T15:20:00 EndTime=2026-11-25T15:25:00 NodeList=node[0-1] NodeCnt=2 "
+    "ProcCnt=2 WorkDir=/fsx/scaletrain/runs/a b ExitCode=0:0\n"
+    "JobId=0 UserId=root(0) GroupId=root(0) Name=old JobState=CANCELLED Partition=train TimeLimit=UNLIMITED "
+    "StartTime=2026-11-24T10:00:00 EndTime=2026-11-24T10:05:00 NodeList=node0 NodeCnt=1 ProcCnt=1 "
+    "WorkDir=/fsx/scaletrain/runs/old ExitCode=0:15\n")
+
+
+def test_parse_jobs_newest_first_controller_over_log():
+    jobs = slurm.parse_jobs(SCONTROL, JOBCOMP)
+    assert [j.id for j in jobs] == ["2", "1", "0"]
+    queued, done, old = jobs
+    assert (queued.state, queued.restarts, queued.nodes, queued.started, queued.ended) == \
+        ("queued", 1, "2-2", "2026-11-25T15:40:12", None)
+    assert queued.reason == "BeginTime"
+    # The controller's record wins over the log's older line for the same job (a NODE_FAIL before the requeue).
+    assert (done.state, done.output, done.stdout) == \
+        ("succeeded", "/fsx/scaletrain/runs/a b", "/fsx/scaletrain/runs/a b/slurm-1.out")
+    assert done.reason is None
+    # A job only the log remembers.
+    assert (old.name, old.state, old.nodes, old.exit_code) == ("old", "cancelled", "node0", "0:15")
+
+
+def test_parse_jobs_of_nothing():
+    assert slurm.parse_jobs("No jobs in the system\n", "") == []
