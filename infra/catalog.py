@@ -200,6 +200,10 @@ _PRICE_C5N = (
     "and c5n.18xlarge = 18 x 0.216 = 3.888"
 )
 _PRICE_M5 = f"{_AWS_ON_DEMAND}; {_PRICE_TABLE_2026_09} (also 48 x the m5.large rate of 0.096)"
+_PRICE_M5_LARGE = (
+    f"{_AWS_ON_DEMAND}; {_PRICE_TABLE_2026_09}; m5.24xlarge's 4.608 above is 48 x this rate, as AWS prices the "
+    "sizes of a family per vCPU"
+)
 
 
 def _p4_p5_source(pre_cut: str) -> str:
@@ -300,6 +304,11 @@ _ENTRIES: tuple[InstanceType, ...] = (
     _cpu_type(
         name="c5n.18xlarge", vcpus=72, memory_gib=192, network_gbps=100, efa_cards=1, local_nvme_gb=0,
         price_usd_per_hour=3.888, price_date=dt.date(2026, 11, 21), price_source=_PRICE_C5N,
+    ),
+    # The Slurm head node's type (infra/head.py). "Up to 10 Gigabit": a burst figure; its baseline is lower.
+    _cpu_type(
+        name="m5.large", vcpus=2, memory_gib=8, network_gbps=10, efa_cards=0, local_nvme_gb=0,
+        price_usd_per_hour=0.096, price_date=dt.date(2026, 9, 24), price_source=_PRICE_M5_LARGE,
     ),
     _cpu_type(
         name="m5.24xlarge", vcpus=96, memory_gib=384, network_gbps=25, efa_cards=0, local_nvme_gb=0,
