@@ -1,0 +1,157 @@
+"""What the stack's instances run at first boot (their EC2 user data), as pure text: the head node starts Slurm's
+controller, every worker and reducer starts ``slurmd -Z`` and registers itself with it, each with the cluster's munge
+key. The Slurm decisions themselves (slurm.conf, how each daemon starts) are :mod:`launcher.plans.slurm`'s; this
+module only places them in a boot script. Nothing here imports aws-cdk-lib: the stack passes CloudFormation tokens in
+as strings (the head node's address, the secret's ARN), which CDK resolves wherever they land in the text.
+
+A script is run once, as root, by cloud-init on the instance's first boot (``scripts-user``:
+https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html, "Run commands when you launch an EC2 instance
+with user data input": "scripts entered as user data are run as the root user" and "only during the boot cycle when
+you first launch an instance"). A script that exits non-zero leaves cloud-init's status at error, which the
+launcher's readiness check reports.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ami import paths
+from launcher.plans import slurm
+
+__all__ = [
+    "HEAD_ROLE",
+    "REPLACEMENT_SPARE_MIN",
+    "head_script",
+    "max_nodes",
+    "munge_key_argv",
+    "node_script",
+    "slurmd_line",
+]
+
+HEAD_ROLE = "head"  # the head node's scaletrain:role tag; discovery lists only worker and reducer instances
+
+# A dynamic node registers under its host name, which on EC2 is its private address (ip-10-0-1-23), so a replacement
+# from an Auto Scaling group is a new node to slurmctld, and the one it replaced stays, DOWN, until someone deletes it
+# ("scontrol delete nodename=", https://slurm.schedmd.com/dynamic_nodes.html). MaxNodeCount must leave room for them:
+# every node replaced once, and at least this many more on a small cluster.
+REPLACEMENT_SPARE_MIN = 8
+
+# Values only the instance knows at boot, written as placeholders into the text rendered here and filled in by the
+# script from the shell variables of the same purpose.
+_HEAD_HOST, _HEAD_ADDR, _NODE_ADDR = "@HEAD_HOST@", "@HEAD_ADDR@", "@NODE_ADDR@"
+_CONF_END = "SLURM_CONF"  # the here-document's delimiter
+KEY_TRIES, KEY_RETRY_S = 30, 10  # how long a node waits for the munge key: 5 minutes
+
+# IMDSv2: a session token from a PUT, then the metadata with the token in a header; the launch templates require
+# tokens (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html, "Instance metadata
+# service version 2"). local-ipv4 is "the private IPv4 address of the instance ... the eth0 device (the device for
+# which the device number is 0)" (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html),
+# which on an EFA node is the primary interface, the only one with an address (infra/layout.py).
+_IMDS = (
+    "imds() {\n"
+    "  local token\n"
+    "  token=$(curl -sSf --retry 5 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "
+    "http://169.254.169.254/latest/api/token)\n"
+    '  curl -sSf --retry 5 -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/meta-data/$1"\n'
+    "}"
+)
+
+
+def max_nodes(*, workers: int, reducers: int) -> int:
+    """slurm.conf's MaxNodeCount: the workers and reducers, and room for each to be replaced once (at least
+    :data:`REPLACEMENT_SPARE_MIN` more), since a replacement registers as a new node (see above)."""
+    if workers < 1 or reducers < 0:
+        raise ValueError(f"a cluster has at least one worker and no negative reducers, got {workers} and {reducers}")
+    total = workers + reducers
+    return total + max(total, REPLACEMENT_SPARE_MIN)
+
+
+def munge_key_argv(*, region: str, secret_id: str, aws_cli: str = paths.AWS_CLI) -> list[str]:
+    """The one AWS CLI call that reads the cluster's munge key: GetSecretValue, the secret's string only, as text.
+
+    ``--region`` is explicit: the nodes have no AWS configuration, and the secret lives in the stack's region
+    (https://docs.aws.amazon.com/cli/latest/reference/secretsmanager/get-secret-value.html; ``--query SecretString
+    --output text`` prints the value alone, followed by a newline, the same bytes on every node).
+    """
+    return [aws_cli, "--region", region, "secretsmanager", "get-secret-value", "--secret-id", secret_id,
+            "--query", "SecretString", "--output", "text"]
+
+
+def _fetch_munge_key(*, region: str, secret_id: str) -> list[str]:
+    """Write the munge key (mode 0400 under umask 077 from the start, never world-readable), retried for a while: the
+    instance profile's credentials and a new VPC endpoint's DNS can lag the first seconds of boot (IAM is eventually
+    consistent: https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_general.html, "Changes that I make are
+    not always immediately visible")."""
+    call = shlex.join(munge_key_argv(region=region, secret_id=secret_id))
+    return [
+        "install -d -o munge -g munge -m 0700 /etc/munge",
+        "tries=0",
+        f"until (umask 077 && {call} > {slurm.MUNGE_KEY}); do",
+        f'  tries=$((tries + 1)); if [ "$tries" -ge {KEY_TRIES} ]; then',
+        '    echo "scaletrain: could not read the munge key from Secrets Manager" >&2; exit 1',
+        "  fi",
+        f"  sleep {KEY_RETRY_S}",
+        "done",
+    ]
+
+
+def _script(lines: list[str]) -> str:
+    return "\n".join(["#!/bin/bash", "set -euo pipefail", *lines]) + "\n"
+
+
+def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: int) -> str:
+    """The head node's boot: slurm.conf, rendered here by :func:`launcher.plans.slurm.slurm_conf`, the munge key,
+    then munged and slurmctld (:func:`launcher.plans.slurm.controller_commands`).
+
+    The controller's host name and address are the instance's own, read at boot (``hostname -s``, which slurmctld
+    compares SlurmctldHost with, and IMDSv2's local-ipv4). The address is not pinned in the template: a pinned
+    private IP makes the instance impossible to replace by CloudFormation, which creates the new instance before it
+    deletes the old one and cannot give the same address to both; and an address picked at synth time could collide
+    with the nodes' own, which the subnet hands out. The nodes learn it from CloudFormation
+    (Fn::GetAtt PrivateIp, see :func:`node_script`).
+    """
+    conf = slurm.slurm_conf(slurm.SlurmCluster(name=cluster_name, controller=_HEAD_HOST, controller_addr=_HEAD_ADDR,
+                                               max_nodes=max_nodes))
+    assert _CONF_END not in conf.splitlines()
+    return _script([
+        _IMDS,
+        "HEAD_HOST=$(hostname -s)",
+        "HEAD_ADDR=$(imds local-ipv4)",
+        f"install -d -m 0755 {slurm.CONF_PATH.rsplit('/', 1)[0]}",
+        f"cat > {slurm.CONF_PATH} <<'{_CONF_END}'",
+        conf.rstrip("\n"),
+        _CONF_END,
+        f'sed -i -e "s/{_HEAD_HOST}/$HEAD_HOST/g" -e "s/{_HEAD_ADDR}/$HEAD_ADDR/g" {slurm.CONF_PATH}',
+        *_fetch_munge_key(region=region, secret_id=secret_id),
+        *slurm.controller_commands(),
+    ])
+
+
+def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable: str = "NODE_ADDR") -> list[str]:
+    """:func:`launcher.plans.slurm.worker_commands` with the node's own address taken from a shell variable at boot.
+
+    The address is rendered as a placeholder inside the single-quoted ``--conf`` value (``shlex.quote``), then the
+    placeholder becomes ``'"$VAR"'``: close the single quotes, the variable in double quotes, reopen them, so the
+    shell expands it and the value stays one word.
+    """
+    commands = slurm.worker_commands(controller_addr=controller_addr, role=role, cpus=cpus, address=_NODE_ADDR)
+    expanded = []
+    for command in commands:
+        if _NODE_ADDR in command:
+            quoted = shlex.split(command.replace(controller_addr, "CONTROLLER"))
+            assert any(_NODE_ADDR in word and f"'{word}'" in command for word in quoted), command
+            command = command.replace(_NODE_ADDR, f"'\"${address_variable}\"'")
+        expanded.append(command)
+    return expanded
+
+
+def node_script(*, region: str, secret_id: str, controller_addr: str, role: str, cpus: int) -> str:
+    """A worker's or reducer's boot: the munge key, then munged and ``slurmd -Z`` registering with the head node at
+    ``controller_addr`` (the head's private IP) and fetching slurm.conf from it, with ``role``'s feature and ``cpus``
+    (the catalog's vCPUs). An Auto Scaling group's replacement runs the same and joins with nobody attached."""
+    return _script([
+        _IMDS,
+        "NODE_ADDR=$(imds local-ipv4)",
+        *_fetch_munge_key(region=region, secret_id=secret_id),
+        *slurmd_line(controller_addr=controller_addr, role=role, cpus=cpus),
+    ])
