@@ -3,14 +3,17 @@
 Every node group launches into the one node subnet and, unless a Capacity Block places the nodes itself, the one
 cluster placement group. The launch template carries what a node needs to train at full network speed on the first
 try: one interface per EFA network card in the layout :mod:`infra.layout` decides, the node security group on every
-interface, no public address, IMDSv2 only, and an encrypted root volume of the image's own size (or larger).
+interface, no public address, IMDSv2 only, an encrypted root volume of the image's own size (or larger), and the
+boot script that joins it to the cluster's Slurm (:mod:`infra.boot`). The head node (:mod:`infra.head`) is launched
+with the same :func:`instance_data`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from aws_cdk import Aws, Tags
+from aws_cdk import Aws, Fn, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -22,6 +25,11 @@ from infra.layout import Interface
 
 TAG_CLUSTER = "scaletrain:cluster"
 TAG_ROLE = "scaletrain:role"
+# IMDSv2 only; a hop limit of 2 lets a container on the node reach it too
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-IMDS-new-instances.html).
+IMDSV2 = ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+    http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=2
+)
 
 
 def network_interfaces(
@@ -56,11 +64,63 @@ def network_interfaces(
     return result
 
 
+def instance_data(
+    *,
+    cluster_name: str,
+    role: str,
+    instance: InstanceType,
+    identity: NodeIdentity,
+    image_id: str,
+    root_device: str,
+    root_volume_gib: int | None,
+    user_data: str,
+    tagged: Sequence[str] = ("volume", "network-interface"),
+) -> dict[str, Any]:
+    """What every instance of the stack is launched with, node or head node, as launch template data: the image, the
+    instance role, IMDSv2 only, an encrypted gp3 root of the image's size (or ``root_volume_gib``), detailed
+    monitoring, the boot script ``user_data`` (text, base64-encoded here) and the cluster and role tags on the
+    ``tagged`` resource types."""
+    return {
+        "image_id": image_id,
+        "instance_type": instance.name,
+        "iam_instance_profile": ec2.CfnLaunchTemplate.IamInstanceProfileProperty(arn=identity.profile.attr_arn),
+        "metadata_options": IMDSV2,
+        "block_device_mappings": [
+            ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+                device_name=root_device,
+                # No size: the volume is the image's root snapshot's size, which is what the image was
+                # built with (ami/ root_volume_gib), so any image launches. A size given must be at least
+                # the snapshot's (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EbsBlockDevice.html,
+                # VolumeSize: "the default is the snapshot size ... equal to or larger than the snapshot size").
+                ebs=ec2.CfnLaunchTemplate.EbsProperty(
+                    volume_size=root_volume_gib,
+                    volume_type="gp3",
+                    encrypted=True,
+                    delete_on_termination=True,
+                ),
+            )
+        ],
+        "monitoring": ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
+        # UserData is the script base64-encoded
+        # (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RequestLaunchTemplateData.html, UserData).
+        "user_data": Fn.base64(user_data),
+        "tag_specifications": [
+            ec2.CfnLaunchTemplate.TagSpecificationProperty(
+                resource_type=resource_type,
+                tags=[{"key": TAG_CLUSTER, "value": cluster_name}, {"key": TAG_ROLE, "value": role}],
+            )
+            for resource_type in tagged
+        ],
+    }
+
+
 class NodeIdentity(Construct):
     """The role and instance profile every node uses: SSM Session Manager, read access to ``data_bucket``, and with
-    ``checkpoint_bucket`` what ``launch train --checkpoint-to`` needs under ``checkpoint_prefix`` there.
+    ``checkpoint_bucket`` what ``launch train --checkpoint-to`` needs under ``checkpoint_prefix`` there; the stack
+    adds reading the cluster's munge key (infra/head.py, ``MungeKey``).
 
     Nothing else: nodes cannot write to S3 outside that prefix, call other AWS APIs, or read any other bucket.
+    The head node has an identity of its own (``purpose``), without the buckets.
     """
 
     def __init__(
@@ -72,13 +132,16 @@ class NodeIdentity(Construct):
         data_bucket: str | None,
         checkpoint_bucket: str | None = None,
         checkpoint_prefix: str = "",
+        purpose: str = "nodes",
     ) -> None:
         super().__init__(scope, construct_id)
+        # AmazonSSMManagedInstanceCore: what the SSM agent needs for Session Manager, the launcher's only way in
+        # (https://docs.aws.amazon.com/systems-manager/latest/userguide/setup-instance-permissions.html).
         self.role = iam.Role(
             self,
             "Role",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            description=f"scaletrain {cluster_name} nodes",
+            description=f"scaletrain {cluster_name} {purpose}",
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
         )
         suppressions = [
@@ -176,9 +239,11 @@ class NodeGroup(Construct):
         root_volume_gib: int | None,
         spot: bool,
         capacity_reservation_id: str | None,
+        user_data: str,
         capacity_block: bool = False,
     ) -> None:
-        """``root_volume_gib`` None: the image's root size; ``capacity_block``: the reservation is a Capacity Block."""
+        """``root_volume_gib`` None: the image's root size; ``capacity_block``: the reservation is a Capacity Block;
+        ``user_data``: the boot script every instance of the group runs (infra/boot.py, ``node_script``)."""
         super().__init__(scope, construct_id)
         capacity = (
             ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
@@ -203,42 +268,21 @@ class NodeGroup(Construct):
             self,
             "LaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
-                image_id=image_id,
-                instance_type=instance.name,
-                iam_instance_profile=ec2.CfnLaunchTemplate.IamInstanceProfileProperty(arn=identity.profile.attr_arn),
-                network_interfaces=network_interfaces(layout, security_group.security_group_id),
-                metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
-                    http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=2
+                **instance_data(
+                    cluster_name=cluster_name,
+                    role=role,
+                    instance=instance,
+                    identity=identity,
+                    image_id=image_id,
+                    root_device=root_device,
+                    root_volume_gib=root_volume_gib,
+                    user_data=user_data,
+                    # Instances get these tags from the Auto Scaling group (Tags.of below, propagated at launch).
+                    tagged=("volume", "network-interface"),
                 ),
-                block_device_mappings=[
-                    ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
-                        device_name=root_device,
-                        # No size: the volume is the image's root snapshot's size, which is what the image was
-                        # built with (ami/ root_volume_gib), so any image launches. A size given must be at least
-                        # the snapshot's (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EbsBlockDevice.html,
-                        # VolumeSize: "the default is the snapshot size ... equal to or larger than the snapshot size").
-                        ebs=ec2.CfnLaunchTemplate.EbsProperty(
-                            volume_size=root_volume_gib,
-                            volume_type="gp3",
-                            encrypted=True,
-                            delete_on_termination=True,
-                        ),
-                    )
-                ],
-                monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
+                network_interfaces=network_interfaces(layout, security_group.security_group_id),
                 capacity_reservation_specification=capacity,
                 instance_market_options=market,
-                tag_specifications=[
-                    ec2.CfnLaunchTemplate.TagSpecificationProperty(
-                        resource_type=resource_type,
-                        tags=[
-                            {"key": TAG_CLUSTER, "value": cluster_name},
-                            {"key": TAG_ROLE, "value": role},
-                        ],
-                    )
-                    # Instances get these tags from the Auto Scaling group (Tags.of below, propagated at launch).
-                    for resource_type in ("volume", "network-interface")
-                ],
             ),
         )
 

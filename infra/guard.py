@@ -56,6 +56,17 @@ def guard_source(path: Path = FUNCTION_SOURCE) -> str:
     return source
 
 
+def ttl_parameter_arn(scope: Construct, cluster_name: str) -> str:
+    """The expiry parameter's ARN, made from its name in the stack's region and account (not a reference to the
+    parameter resource, so a grant on it never waits for the TTL clock): ``arn:PARTITION:ssm:REGION:ACCOUNT:parameter``
+    followed by the name without its leading slash
+    (https://docs.aws.amazon.com/service-authorization/latest/reference/list_awssystemsmanager.html, "Resource types
+    defined by AWS Systems Manager", parameter)."""
+    return Stack.of(scope).format_arn(
+        service="ssm", resource="parameter", resource_name=ttl.parameter_name(cluster_name).lstrip("/")
+    )
+
+
 class CostGuard(Construct):
     """Deletes the stack at deploy time + ``ttl_hours`` (or the later time the launcher wrote to the parameter);
     exposes the expiry, the parameter and the schedule's name and group."""
@@ -90,9 +101,7 @@ class CostGuard(Construct):
         self.parameter_name = ttl.parameter_name(cluster_name)
         # The ARN from the name, not from the parameter resource: the parameter's value comes from the clock, which
         # this function answers, and the function waits for its role's policy; a reference would close the loop.
-        parameter_arn = Stack.of(self).format_arn(
-            service="ssm", resource="parameter", resource_name=self.parameter_name.lstrip("/")
-        )
+        parameter_arn = ttl_parameter_arn(self, cluster_name)
         function_role.add_to_policy(iam.PolicyStatement(actions=["ssm:GetParameter"], resources=[parameter_arn]))
         self.function = lambda_.Function(
             self,

@@ -13,10 +13,16 @@ SSM_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
     "SsmMessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
     "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
 }
+# Every node and the head node read the cluster's munge key from Secrets Manager at boot; with no route out of the
+# subnet, only an interface endpoint reaches it (https://docs.aws.amazon.com/secretsmanager/latest/userguide/vpc-endpoint-overview.html).
+SECRETS_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
+    "SecretsManager": ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER,
+}
 
 
 class Network(Construct):
-    """VPC, private isolated node subnet, S3 gateway endpoint, SSM interface endpoints and flow logs.
+    """VPC, private isolated node subnet, S3 gateway endpoint, SSM and Secrets Manager interface endpoints and flow
+    logs.
 
     No NAT gateway and no internet gateway: the image (the project's own, built by ami/, or ``ami``) carries the
     whole software stack, operators reach nodes through SSM Session Manager over the interface endpoints,
@@ -59,5 +65,6 @@ class Network(Construct):
         # open=False: the security construct admits HTTPS from the node group only.
         self.interface_endpoints: list[ec2.InterfaceVpcEndpoint] = [
             self.vpc.add_interface_endpoint(name, service=service, private_dns_enabled=True, open=False)
-            for name, service in SSM_ENDPOINT_SERVICES.items()
+            for name, service in {**SSM_ENDPOINT_SERVICES, **SECRETS_ENDPOINT_SERVICES}.items()
         ]
+        self.secrets_endpoint = self.interface_endpoints[-1]

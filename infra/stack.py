@@ -17,9 +17,10 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 from constructs import Construct, IConstruct
 
-from infra import ttl
+from infra import boot, ttl
 from infra.compute import TAG_CLUSTER, NodeGroup, NodeIdentity
 from infra.guard import CostGuard, IdleStop
+from infra.head import HeadNode, MungeKey
 from infra.layout import Interface
 from infra.network import Network
 from infra.security import NodeSecurity
@@ -43,6 +44,8 @@ PINNED_LOGICAL_IDS = (
     "TtlClock",
     "TtlExpiry",
     "TtlSchedule",
+    "HeadNode",  # slurmctld's state (the queue, the jobs' records) lives on its disk
+    "MungeKey",  # a new key would lock out every running node
 )
 
 
@@ -61,8 +64,8 @@ def _devices(layout: tuple[Interface, ...]) -> list[dict[str, int | str]]:
 
 
 class ClusterStack(Stack):
-    """One training cluster: private single-AZ network, workers (and reducers) in one placement group, shared
-    storage, and a cost guard that deletes it all after ``ttl_hours``."""
+    """One training cluster: private single-AZ network, workers (and reducers) in one placement group, the Slurm
+    head node they register with, shared storage, and a cost guard that deletes it all after ``ttl_hours``."""
 
     def __init__(self, scope: Construct, construct_id: str, *, spec: ClusterSpec, **kwargs: Any) -> None:
         super().__init__(scope, construct_id, description=f"scaletrain cluster {spec.cluster_name}", **kwargs)
@@ -99,6 +102,35 @@ class ClusterStack(Stack):
             checkpoint_bucket=spec.checkpoint_bucket,
             checkpoint_prefix=spec.checkpoint_prefix,
         )
+        # Slurm: the munge key every node reads at boot, and the head node running the controller.
+        munge_key = MungeKey(self, "Munge", cluster_name=spec.cluster_name)
+        _pin(munge_key.secret, "MungeKey")
+        munge_key.allow_read(identity.role)
+        self.head = HeadNode(
+            self,
+            "Head",
+            cluster_name=spec.cluster_name,
+            region=spec.region,
+            subnet=network.subnet,
+            security_group=security.group,
+            image_id=image_id,
+            root_device=spec.root_device,
+            root_volume_gib=spec.root_volume_gib,
+            munge_key=munge_key,
+            max_nodes=boot.max_nodes(workers=spec.nodes, reducers=spec.reducers),
+            after=[network.secrets_endpoint],
+        )
+        _pin(self.head.instance, "HeadNode")
+
+        def node_boot(role: str, vcpus: int) -> str:
+            return boot.node_script(
+                region=spec.region,
+                secret_id=munge_key.secret.secret_arn,
+                controller_addr=self.head.private_ip,
+                role=role,
+                cpus=vcpus,
+            )
+
         common = {
             "cluster_name": spec.cluster_name,
             "subnet": network.subnet,
@@ -119,6 +151,7 @@ class ClusterStack(Stack):
             layout=spec.worker_interfaces,
             capacity_reservation_id=spec.capacity_reservation_id,
             capacity_block=spec.capacity_block,
+            user_data=node_boot("worker", spec.worker.vcpus),
             **common,
         )
         _pin(self.workers.group, "WorkerGroup")
@@ -133,6 +166,7 @@ class ClusterStack(Stack):
                 nodes=spec.reducers,
                 layout=spec.reducer_interfaces,
                 capacity_reservation_id=None,
+                user_data=node_boot("reducer", spec.reducer.vcpus),
                 **common,
             )
             _pin(self.reducers.group, "ReducerGroup")
@@ -243,6 +277,10 @@ class ClusterStack(Stack):
                 str(spec.idle_minutes) if spec.idle_minutes is not None else "none",
                 "minutes of idle nodes (CPU below half a vCPU on every node) after which the stack deletes itself, "
                 "or none",
+            ),
+            "HeadNode": (
+                self.to_json_string(self.head.description()),
+                "JSON: the Slurm head node (instance_id, private_ip, host_name, instance_type, slurmctld_port)",
             ),
             "ImageParameter": (
                 spec.image_parameter or "none",

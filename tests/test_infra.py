@@ -331,12 +331,13 @@ def test_no_fsx_group_without_fsx(p3_beegfs: Synth, p5_spot: Synth) -> None:
 
 
 def test_endpoints_accept_https_from_the_nodes_only(p4d_fsx: Synth) -> None:
-    assert len(p4d_fsx.resources("AWS::EC2::VPCEndpoint")) == 4  # S3 gateway + ssm, ssmmessages, ec2messages
+    # S3 gateway + ssm, ssmmessages, ec2messages, and secretsmanager for the munge key (infra/head.py)
+    assert len(p4d_fsx.resources("AWS::EC2::VPCEndpoint")) == 5
     endpoint_groups = p4d_fsx.resources("AWS::EC2::SecurityGroup").keys() - {
         p4d_fsx.node_group(),
         p4d_fsx.storage_group(),
     }
-    assert len(endpoint_groups) == 3
+    assert len(endpoint_groups) == 4
     nodes = {"Fn::GetAtt": [p4d_fsx.node_group(), "GroupId"]}
     for group in endpoint_groups:
         rules = [r for r in p4d_fsx.rules("AWS::EC2::SecurityGroupIngress") if r["GroupId"]["Fn::GetAtt"][0] == group]
@@ -407,15 +408,23 @@ def test_v100_clusters_default_to_the_image_built_with_proprietary_kernel_module
 
 
 def _instance_role(synth: Synth) -> tuple[str, dict[str, Any]]:
-    (profile,) = synth.resources("AWS::IAM::InstanceProfile").values()
-    (role_ref,) = profile["Properties"]["Roles"]
+    """The nodes' role (the head node has its own: tests/test_infra_head.py)."""
+    profile_id = synth.launch_template("WorkerGroup")["IamInstanceProfile"]["Arn"]["Fn::GetAtt"][0]
+    (role_ref,) = synth.props(profile_id)["Roles"]
     return role_ref["Ref"], synth.props(role_ref["Ref"])
+
+
+MUNGE_KEY_READ = (("secretsmanager:GetSecretValue",), "<MungeKey>")  # every node reads the cluster's munge key
 
 
 @pytest.mark.parametrize("name", SHAPES)
 def test_every_node_uses_the_one_instance_profile(name: str, request: pytest.FixtureRequest) -> None:
     synth = shape(request, name)
-    (profile_id,) = synth.resources("AWS::IAM::InstanceProfile")
+    # Two profiles: the nodes' and the head node's.
+    profiles = set(synth.resources("AWS::IAM::InstanceProfile"))
+    (head_profile,) = {synth.props(synth.props("HeadNode")["LaunchTemplate"]["LaunchTemplateId"]["Ref"])[
+        "LaunchTemplateData"]["IamInstanceProfile"]["Arn"]["Fn::GetAtt"][0]}
+    (profile_id,) = profiles - {head_profile}
     for group_id in synth.groups():
         assert synth.launch_template(group_id)["IamInstanceProfile"] == {"Arn": {"Fn::GetAtt": [profile_id, "Arn"]}}
 
@@ -434,12 +443,16 @@ def test_instance_role_is_ssm_core_plus_reading_the_data_bucket(p3dn_fsx: Synth,
     assert statements == {
         ("s3:GetBucketLocation", "s3:ListBucket"): "arn:<AWS::Partition>:s3:::my-imagenet-shards",
         ("s3:GetObject",): "arn:<AWS::Partition>:s3:::my-imagenet-shards/*",
+        MUNGE_KEY_READ[0]: MUNGE_KEY_READ[1],
     }
-    # Without a data bucket the nodes get SSM and nothing else.
+    # Without a data bucket the nodes get SSM and the munge key, nothing else.
     role_id, _ = _instance_role(p5_spot)
     assert [
-        p for p in p5_spot.resources("AWS::IAM::Policy").values() if {"Ref": role_id} in p["Properties"]["Roles"]
-    ] == []
+        (s["Action"], render(s["Resource"]))
+        for p in p5_spot.resources("AWS::IAM::Policy").values()
+        if {"Ref": role_id} in p["Properties"]["Roles"]
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+    ] == [(MUNGE_KEY_READ[0][0], MUNGE_KEY_READ[1])]
 
 
 @pytest.fixture(scope="module")
@@ -487,6 +500,7 @@ def test_checkpoint_bucket_lets_the_nodes_write_under_its_prefix_only(p4d_checkp
             "arn:<AWS::Partition>:s3:::my-ckpts",
             json.dumps({"StringLike": {"s3:prefix": "team/runs/*"}}, sort_keys=True),
         ),
+        (*MUNGE_KEY_READ, "null"),
     }
     matches = lint(json.dumps(p4d_checkpoints.json), config=ManualArgs(regions=[p4d_checkpoints.stack.region]))
     assert [m for m in matches if m.rule.id.startswith("E")] == []
@@ -793,6 +807,7 @@ OUTPUT_KEYS = {
     "ClusterName", "InstanceType", "NodeGroupName", "ReducerGroupName", "NodeGroups", "EfaDevicesPerNode",
     "EfaDevices", "ReducerTransport", "Storage", "StorageMount", "DataBucket", "PlacementGroupName", "TtlHours",
     "TtlExpiresAt", "TtlParameterName", "TtlScheduleName", "TtlScheduleGroup", "ImageParameter", "IdleMinutes",
+    "HeadNode",
 }  # fmt: skip
 
 
@@ -856,6 +871,8 @@ PINNED_TYPES = {
     "TtlClock": "Custom::TtlClock",
     "TtlExpiry": "AWS::SSM::Parameter",
     "TtlSchedule": "AWS::Scheduler::Schedule",
+    "HeadNode": "AWS::EC2::Instance",
+    "MungeKey": "AWS::SecretsManager::Secret",
 }
 
 
@@ -875,12 +892,19 @@ def test_stateful_resources_keep_pinned_logical_ids(p3dn_fsx: Synth, p5_spot: Sy
 def test_synth_cost_does_not_grow_with_nodes(p4d_fsx: Synth, p4d_256: Synth) -> None:
     assert set(p4d_256.resources_all) == set(p4d_fsx.resources_all)
     small, large = json.dumps(p4d_fsx.json, sort_keys=True), json.dumps(p4d_256.json, sort_keys=True)
-    assert abs(len(large) - len(small)) <= 20  # "8" -> "256" in four places
-    # Only the worker group's size differs, and the node count in the NodeGroups output.
+    assert abs(len(large) - len(small)) <= 20  # "8" -> "256" in four places, MaxNodeCount 20 -> 516
+    # Only the worker group's size differs, the node count in the NodeGroups output, and the head node's slurm.conf
+    # MaxNodeCount (infra.boot.max_nodes) in its boot script.
     resized = json.loads(small)
     for key in ("MinSize", "MaxSize", "DesiredCapacity"):
         resized["Resources"]["WorkerGroup"]["Properties"][key] = "256"
     resized["Outputs"]["NodeGroups"] = p4d_256.json["Outputs"]["NodeGroups"]
+    head_template = p4d_fsx.props("HeadNode")["LaunchTemplate"]["LaunchTemplateId"]["Ref"]
+    resized_user_data = json.dumps(resized["Resources"][head_template]["Properties"]["LaunchTemplateData"]["UserData"])
+    assert resized_user_data.count("MaxNodeCount=20\\n") == 1
+    resized["Resources"][head_template]["Properties"]["LaunchTemplateData"]["UserData"] = json.loads(
+        resized_user_data.replace("MaxNodeCount=20\\n", "MaxNodeCount=516\\n")
+    )
     assert resized == json.loads(large)
     assert p4d_256.output_json("NodeGroups")[0]["nodes"] == 256
 

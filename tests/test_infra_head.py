@@ -1,0 +1,481 @@
+"""The stack's Slurm head node, the munge key and what every node runs at boot (issue #24, the AWS side).
+
+Two synths: Spot workers with reducers (the head node stays on demand), and on-demand workers with a data bucket and
+the user's own image. Then moto, with IAM enforced, shows what the head node's and the nodes' roles let their boot
+scripts (and the head node's TTL duty) do on AWS: users holding exactly the roles' statements run the AWS CLI call the
+boot script makes, taken from the rendered user data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("aws_cdk")
+
+from cfnlint.api import ManualArgs, lint  # noqa: E402
+from test_infra import AMI, ROOT, Synth, _nag_findings  # noqa: E402
+
+from ami import paths  # noqa: E402
+from infra import boot, catalog, ttl  # noqa: E402
+from infra.head import HEAD_INSTANCE_TYPE, MUNGE_KEY_LENGTH  # noqa: E402
+from infra.stack import IMAGE_PARAMETER_ID  # noqa: E402
+from launcher.plans import slurm  # noqa: E402
+
+REGION = "us-east-1"
+SPOT_CLUSTER = "slurm-spot"
+
+
+@pytest.fixture(scope="module")
+def spot() -> Synth:
+    return Synth(instance_type="p5.48xlarge", nodes="4", reducers="2", spot="true", az="us-east-1b",
+                 cluster_name=SPOT_CLUSTER)
+
+
+@pytest.fixture(scope="module")
+def on_demand() -> Synth:
+    return Synth(instance_type="p4d.24xlarge", nodes="8", ami=AMI, data_bucket="my-shards", cluster_name="slurm-od")
+
+
+SHAPES = ["spot", "on_demand"]
+
+
+def _synth(request: pytest.FixtureRequest, name: str) -> Synth:
+    return request.getfixturevalue(name)
+
+
+def text(value: Any, refs: dict[str, str] | None = None) -> str:
+    """A template value as text; references as <LogicalId> / <LogicalId.Attribute>, or their value in ``refs``."""
+    refs = refs or {}
+    if isinstance(value, (str, int)):
+        return str(value)
+    if "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(text(part, refs) for part in parts)
+    if "Ref" in value:
+        return refs.get(value["Ref"], f"<{value['Ref']}>")
+    if "Fn::GetAtt" in value:
+        name = "{}.{}".format(*value["Fn::GetAtt"])
+        return refs.get(name, f"<{name}>")
+    if "Fn::Select" in value:
+        index, listed = value["Fn::Select"]
+        separator, source = listed["Fn::Split"]
+        return f"<{text(source, refs)}|split {separator}|{index}>"
+    raise AssertionError(f"unexpected template value {value!r}")
+
+
+def head_template(synth: Synth) -> dict[str, Any]:
+    (instance_id,) = synth.resources("AWS::EC2::Instance")
+    assert instance_id == "HeadNode"
+    return synth.props(synth.props(instance_id)["LaunchTemplate"]["LaunchTemplateId"]["Ref"])["LaunchTemplateData"]
+
+
+def user_data(data: dict[str, Any], refs: dict[str, str] | None = None) -> str:
+    return text(data["UserData"]["Fn::Base64"], refs)
+
+
+def role_of_profile(synth: Synth, profile_arn: dict[str, Any]) -> str:
+    (role,) = synth.props(profile_arn["Fn::GetAtt"][0])["Roles"]
+    return role["Ref"]
+
+
+def node_role(synth: Synth) -> str:
+    return role_of_profile(synth, synth.launch_template("WorkerGroup")["IamInstanceProfile"]["Arn"])
+
+
+def head_role(synth: Synth) -> str:
+    return role_of_profile(synth, head_template(synth)["IamInstanceProfile"]["Arn"])
+
+
+def statements(synth: Synth, role_id: str) -> list[dict[str, Any]]:
+    return [s for p in synth.resources("AWS::IAM::Policy").values() if {"Ref": role_id} in p["Properties"]["Roles"]
+            for s in p["Properties"]["PolicyDocument"]["Statement"]]
+
+
+def grants(synth: Synth, role_id: str) -> set[tuple[tuple[str, ...], str]]:
+    return {(tuple(sorted([s["Action"]] if isinstance(s["Action"], str) else s["Action"])), text(s["Resource"]))
+            for s in statements(synth, role_id)}
+
+
+def ttl_parameter_arn(cluster: str) -> str:
+    return f"arn:aws:ssm:{REGION}:<AWS::AccountId>:parameter{ttl.parameter_name(cluster)}"
+
+
+# --- The head node: on demand, a catalog CPU type, in the cluster's subnet and group, the project's image -------------
+
+
+def test_head_node_is_on_demand_while_the_workers_are_spot(spot: Synth) -> None:
+    distribution = spot.props("WorkerGroup")["MixedInstancesPolicy"]["InstancesDistribution"]
+    assert distribution["OnDemandPercentageAboveBaseCapacity"] == 0  # the workers are Spot...
+    head = spot.props("HeadNode")
+    data = head_template(spot)
+    # ... and the head node is an instance with no market options anywhere: on demand.
+    assert not {"InstanceMarketOptions", "SpotPrice"} & (head.keys() | data.keys())
+    assert spot.resources_all["HeadNode"]["Type"] == "AWS::EC2::Instance"
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_head_node_is_the_catalogs_small_cpu_type(name: str, request: pytest.FixtureRequest) -> None:
+    synth = _synth(request, name)
+    entry = catalog.get(HEAD_INSTANCE_TYPE)
+    assert head_template(synth)["InstanceType"] == entry.name == "m5.large"
+    assert (entry.gpus, entry.vcpus, entry.memory_gib, entry.efa_cards) == (0, 2, 8, 0)
+    assert entry.price_usd_per_hour == 0.096 and "http" in entry.price_source
+    assert json.loads(text(synth.json["Outputs"]["HeadNode"]["Value"]))["instance_type"] == entry.name
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_head_node_is_launched_like_the_nodes_in_their_subnet_and_group(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    synth = _synth(request, name)
+    head, data, worker = synth.props("HeadNode"), head_template(synth), synth.launch_template("WorkerGroup")
+    (subnet_id,) = synth.resources("AWS::EC2::Subnet")
+    assert head["SubnetId"] == {"Ref": subnet_id} and synth.props("WorkerGroup")["VPCZoneIdentifier"] == [
+        {"Ref": subnet_id}]
+    assert head["SecurityGroupIds"] == [{"Fn::GetAtt": [synth.node_group(), "GroupId"]}]
+    assert "PlacementGroupName" not in head
+    # The same image as the workers (resolved from the pipeline's parameter, or the user's AMI), the same IMDSv2,
+    # encrypted root and monitoring.
+    assert data["ImageId"] == worker["ImageId"] == ({"Ref": IMAGE_PARAMETER_ID} if name == "spot" else AMI)
+    for key in ("MetadataOptions", "BlockDeviceMappings", "Monitoring"):
+        assert data[key] == worker[key], key
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
+    tags = {t["Key"]: t["Value"] for t in head["Tags"]}
+    assert tags["scaletrain:role"] == boot.HEAD_ROLE and tags["scaletrain:cluster"] == synth.context["cluster_name"]
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_slurm_traffic_stays_within_the_cluster_group(name: str, request: pytest.FixtureRequest) -> None:
+    """slurmctld (6817), slurmd (6818) and srun's ephemeral ports pass the group's all-traffic rule to and from itself,
+    which holds the head node and every node; nothing outside the group is admitted to any port."""
+    synth = _synth(request, name)
+    nodes = {"Fn::GetAtt": [synth.node_group(), "GroupId"]}
+    synth.template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress", {"IpProtocol": "-1", "GroupId": nodes, "SourceSecurityGroupId": nodes})
+    synth.template.has_resource_properties(
+        "AWS::EC2::SecurityGroupEgress", {"IpProtocol": "-1", "GroupId": nodes, "DestinationSecurityGroupId": nodes})
+    for rule in synth.rules("AWS::EC2::SecurityGroupIngress"):
+        if rule["GroupId"] == nodes:
+            assert rule.get("SourceSecurityGroupId") in (nodes, {"Fn::GetAtt": [synth.storage_group(), "GroupId"]})
+
+
+def test_the_head_node_boots_after_its_grants_and_the_secrets_manager_endpoint(spot: Synth) -> None:
+    (endpoint_id,) = (k for k, v in spot.resources("AWS::EC2::VPCEndpoint").items()
+                      if text(v["Properties"]["ServiceName"]).endswith(".secretsmanager"))
+    assert spot.props(endpoint_id)["PrivateDnsEnabled"] is True
+    depends = set(spot.resources_all["HeadNode"]["DependsOn"])
+    policy_id = next(k for k, p in spot.resources("AWS::IAM::Policy").items()
+                     if p["Properties"]["Roles"] == [{"Ref": head_role(spot)}])
+    assert {endpoint_id, policy_id, head_role(spot)} <= depends
+
+
+# --- What the head node and the nodes run at boot ------------------------------------------------------------------
+
+
+def _conf_from_boot(script: str, tmp_path: Path, host: str, addr: str) -> str:
+    """Run the head script's slurm.conf lines (the here-document and the sed) with bash, into tmp_path."""
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"cat > {slurm.CONF_PATH} <<"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("sed -i"))
+    conf = tmp_path / "slurm.conf"
+    part = "\n".join(lines[start:end + 1]).replace(slurm.CONF_PATH, str(conf))
+    subprocess.run(["bash", "-euo", "pipefail", "-c", f"HEAD_HOST={host}; HEAD_ADDR={addr}\n{part}"], check=True)
+    return conf.read_text()
+
+
+def test_head_node_boot_writes_the_rendered_slurm_conf(spot: Synth, tmp_path: Path) -> None:
+    script = user_data(head_template(spot))
+    assert script.startswith("#!/bin/bash\nset -euo pipefail\n")
+    # The controller's own name and address, read at boot, in the file slurm_conf renders.
+    assert "HEAD_HOST=$(hostname -s)" in script and "HEAD_ADDR=$(imds local-ipv4)" in script
+    written = _conf_from_boot(script, tmp_path, "ip-10-0-12-34", "10.0.12.34")
+    max_nodes = 4 + 2 + boot.REPLACEMENT_SPARE_MIN  # 6 nodes: every one replaced once is less than the spare
+    assert written == slurm.slurm_conf(slurm.SlurmCluster(
+        name=SPOT_CLUSTER, controller="ip-10-0-12-34", controller_addr="10.0.12.34", max_nodes=max_nodes))
+    for line in ("SlurmctldHost=ip-10-0-12-34(10.0.12.34)", "SlurmctldParameters=enable_configless",
+                 "ReturnToService=2", f"SlurmdTimeout={slurm.SLURMD_TIMEOUT_S}", f"MaxNodeCount={max_nodes}",
+                 f"ClusterName={slurm.cluster_name(SPOT_CLUSTER)}"):
+        assert line in written.splitlines(), line
+
+
+def test_head_node_boot_fetches_the_munge_key_then_starts_slurmctld(spot: Synth) -> None:
+    lines = user_data(head_template(spot)).splitlines()
+    fetch = next(i for i, line in enumerate(lines) if "secretsmanager get-secret-value" in line)
+    assert (f"{paths.AWS_CLI} --region {REGION} secretsmanager get-secret-value --secret-id '<MungeKey>' "
+            f"--query SecretString --output text > {slurm.MUNGE_KEY}") in lines[fetch]
+    daemons = slurm.controller_commands()
+    assert lines[-len(daemons):] == daemons and fetch < len(lines) - len(daemons)
+
+
+def test_max_nodes_leaves_room_for_every_node_to_be_replaced() -> None:
+    assert boot.max_nodes(workers=1, reducers=0) == 1 + boot.REPLACEMENT_SPARE_MIN
+    assert boot.max_nodes(workers=8, reducers=2) == 20
+    assert boot.max_nodes(workers=256, reducers=4) == 520
+    with pytest.raises(ValueError):
+        boot.max_nodes(workers=0, reducers=1)
+
+
+def _slurmd_argv(script: str, addr: str) -> list[str]:
+    """The script's slurmd line run by bash with NODE_ADDR set and slurmd replaced by a printer of its argv."""
+    (line,) = [line for line in script.splitlines() if line.startswith("/usr/sbin/slurmd ")]
+    line = line.replace("/usr/sbin/slurmd", "printf '%s\\n'", 1)
+    done = subprocess.run(["bash", "-c", f"NODE_ADDR={addr}\n{line}"], check=True, capture_output=True, text=True)
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize(("name", "group", "role", "instance_type"), [
+    ("spot", "WorkerGroup", "worker", "p5.48xlarge"),
+    ("spot", "ReducerGroup", "reducer", "c5n.18xlarge"),
+    ("on_demand", "WorkerGroup", "worker", "p4d.24xlarge"),
+])  # fmt: skip
+def test_every_node_fetches_the_key_and_registers_with_the_head_nodes_address(
+    name: str, group: str, role: str, instance_type: str, request: pytest.FixtureRequest
+) -> None:
+    synth = _synth(request, name)
+    script = user_data(synth.launch_template(group))
+    lines = script.splitlines()
+    fetch = next(i for i, line in enumerate(lines) if "secretsmanager get-secret-value" in line)
+    assert "--secret-id '<MungeKey>'" in lines[fetch] and f"> {slurm.MUNGE_KEY}" in lines[fetch]
+    assert "NODE_ADDR=$(imds local-ipv4)" in lines[:fetch]
+    # The head node's private IP is a CloudFormation attribute; the node's own address is read at boot.
+    assert f"--conf-server <HeadNode.PrivateIp>:{slurm.SLURMCTLD_PORT} " in script
+    argv = _slurmd_argv(user_data(synth.launch_template(group), {"HeadNode.PrivateIp": "10.0.0.5"}), "10.0.7.9")
+    assert argv == ["-Z", "--conf-server", f"10.0.0.5:{slurm.SLURMCTLD_PORT}", "--conf",
+                    f"NodeAddr=10.0.7.9 CPUs={catalog.get(instance_type).vcpus} Feature={role}"]
+    assert lines.index(slurm.munge_commands()[-1]) > fetch  # munged starts once the key is there
+
+
+# --- The munge key and the roles -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_munge_key_is_a_generated_secret_only_the_two_roles_read(name: str, request: pytest.FixtureRequest) -> None:
+    synth = _synth(request, name)
+    (secret_id,) = synth.resources("AWS::SecretsManager::Secret")
+    props = synth.props(secret_id)
+    assert secret_id == "MungeKey" and "SecretString" not in props
+    assert props["GenerateSecretString"] == {"PasswordLength": MUNGE_KEY_LENGTH, "ExcludePunctuation": True}
+    assert MUNGE_KEY_LENGTH >= 32  # munged's minimum
+    readers = {
+        (p["Properties"]["Roles"][0]["Ref"], text(s["Resource"]))
+        for p in synth.resources("AWS::IAM::Policy").values()
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+        if "secretsmanager" in json.dumps(s["Action"])
+    }
+    assert readers == {(node_role(synth), "<MungeKey>"), (head_role(synth), "<MungeKey>")}
+    assert node_role(synth) != head_role(synth)
+    assert not synth.resources("AWS::SecretsManager::ResourcePolicy")
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_head_role_is_ssm_core_the_munge_key_and_the_ttl_parameter_only(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    synth = _synth(request, name)
+    role = synth.props(head_role(synth))
+    assert [text(arn) for arn in role["ManagedPolicyArns"]] == [
+        "arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore"]
+    assert "Policies" not in role
+    assert grants(synth, head_role(synth)) == {
+        (("secretsmanager:GetSecretValue",), "<MungeKey>"),
+        (("ssm:PutParameter",), ttl_parameter_arn(synth.context["cluster_name"])),
+    }
+    # Nothing beyond SSM core's own "*" (a managed policy, not in the template): no wildcard action or resource.
+    assert "*" not in json.dumps(statements(synth, head_role(synth)))
+
+
+def test_node_role_gains_the_munge_key_and_nothing_else(on_demand: Synth, spot: Synth) -> None:
+    assert grants(on_demand, node_role(on_demand)) == {
+        (("s3:GetBucketLocation", "s3:ListBucket"), "arn:<AWS::Partition>:s3:::my-shards"),
+        (("s3:GetObject",), "arn:<AWS::Partition>:s3:::my-shards/*"),
+        (("secretsmanager:GetSecretValue",), "<MungeKey>"),
+    }
+    assert grants(spot, node_role(spot)) == {(("secretsmanager:GetSecretValue",), "<MungeKey>")}
+
+
+# --- The output the launcher reads, the linters ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_head_node_output_says_how_to_find_it(name: str, request: pytest.FixtureRequest) -> None:
+    synth = _synth(request, name)
+    assert json.loads(text(synth.json["Outputs"]["HeadNode"]["Value"])) == {
+        "instance_id": "<HeadNode>",
+        "private_ip": "<HeadNode.PrivateIp>",
+        "host_name": "<<HeadNode.PrivateDnsName>|split .|0>",
+        "instance_type": HEAD_INSTANCE_TYPE,
+        "slurmctld_port": slurm.SLURMCTLD_PORT,
+    }
+    assert "| `HeadNode` |" in (ROOT / "infra" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_cdk_nag_and_cfn_lint_pass(name: str, request: pytest.FixtureRequest) -> None:
+    synth = _synth(request, name)
+    assert _nag_findings(synth.stack) == []
+    matches = lint(json.dumps(synth.json), config=ManualArgs(regions=[synth.stack.region]))
+    errors = [m for m in matches if m.rule.id.startswith("E")]
+    assert errors == [], "\n".join(f"{m.rule.id} {'/'.join(map(str, m.path))}: {m.message[:200]}" for m in errors)
+
+
+# --- On AWS (moto, IAM enforced): what the roles let the boot scripts and the head node do ---------------------------
+
+ACCOUNT = "123456789012"  # moto's default account
+AWS_CLI = Path(sys.executable).parent / "aws"  # AWS CLI v1, from the dev extra
+
+
+def _resolve(value: Any, refs: dict[str, str]) -> Any:
+    if isinstance(value, list):
+        return [_resolve(v, refs) for v in value]
+    if isinstance(value, dict) and not {"Ref", "Fn::Join", "Fn::GetAtt"} & value.keys():
+        return {k: _resolve(v, refs) for k, v in value.items()}
+    return text(value, refs)
+
+
+def _determine_secret(self: Any) -> str:
+    """moto 5.2.5 authorizes Secrets Manager and SSM calls against resource "*" only (only IAM, SQS and STS name the
+    resource), which no statement naming an ARN matches. AWS authorizes them on the secret and the parameter
+    (Service Authorization Reference: GetSecretValue, resource type Secret; PutParameter, resource type parameter),
+    so the test names them the same way."""
+    secret_id = json.loads(self.body or "{}").get("SecretId")
+    if secret_id is None:  # CreateSecret, ListSecrets: not the calls under test
+        return "*"
+    return secret_id if secret_id.startswith("arn:") else self.backend.describe_secret(secret_id).arn
+
+
+def _determine_parameter(self: Any) -> str:
+    name = json.loads(self.body or "{}").get("Name", "")
+    return f"arn:aws:ssm:{self.region}:{self.current_account}:parameter/{name.lstrip('/')}" if name else "*"
+
+
+@pytest.fixture(scope="module")
+def on_aws(spot: Synth) -> Iterator[dict[str, Any]]:
+    """A moto server holding the stack's munge key, another secret and the TTL parameter, and one IAM user per role
+    with exactly the role's statements (its policies from the template, SSM core's from moto's copy of it);
+    then IAM enforced."""
+    moto_server = pytest.importorskip("moto.server")
+    import boto3
+    from moto.core.authorization import enable_iam_authentication
+    from moto.iam.aws_managed_policies import aws_managed_policies_data
+    from moto.secretsmanager.responses import SecretsManagerResponse
+    from moto.ssm.responses import SimpleSystemManagerResponse
+
+    if not AWS_CLI.is_file():
+        pytest.skip("the AWS CLI v1 comes with the dev extra")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    admin = {"endpoint_url": endpoint, "region_name": REGION, "aws_access_key_id": "testing",
+             "aws_secret_access_key": "testing"}
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(SecretsManagerResponse, "_determine_resource", _determine_secret, raising=False)
+            patch.setattr(SimpleSystemManagerResponse, "_determine_resource", _determine_parameter, raising=False)
+            secrets, ssm, iam = (boto3.client(s, **admin) for s in ("secretsmanager", "ssm", "iam"))
+            key = "K" * MUNGE_KEY_LENGTH
+            munge_arn = secrets.create_secret(Name="slurm-spot-munge", SecretString=key)["ARN"]
+            other_arn = secrets.create_secret(Name="someone-elses", SecretString="not yours")["ARN"]
+            parameter = ttl.parameter_name(SPOT_CLUSTER)
+            ssm.put_parameter(Name=parameter, Value="2030-01-01T00:00:00Z", Type="String")
+            ssm.put_parameter(Name="/scaletrain/image/ami-id", Value="ami-0123456789abcdef0", Type="String")
+            refs = {"MungeKey": munge_arn, "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::Region": REGION}
+            core = json.loads(aws_managed_policies_data)["AmazonSSMManagedInstanceCore"]["Document"]["Statement"]
+            users = {}
+            for name, role_id in (("node", node_role(spot)), ("head", head_role(spot))):
+                iam.create_user(UserName=name)
+                document = {"Version": "2012-10-17", "Statement": [*_resolve(statements(spot, role_id), refs), *core]}
+                iam.put_user_policy(UserName=name, PolicyName="role", PolicyDocument=json.dumps(document))
+                access = iam.create_access_key(UserName=name)["AccessKey"]
+                users[name] = {"aws_access_key_id": access["AccessKeyId"],
+                               "aws_secret_access_key": access["SecretAccessKey"]}
+            with enable_iam_authentication():
+                yield {"endpoint": endpoint, "users": users, "refs": refs, "key": key, "munge_arn": munge_arn,
+                       "other_arn": other_arn, "parameter": parameter}
+    finally:
+        server.stop()
+
+
+def _boot_cli_call(script: str) -> list[str]:
+    """The AWS CLI call of a boot script's munge key line, as argv, with the image's CLI swapped for this one."""
+    (line,) = [line for line in script.splitlines() if "secretsmanager get-secret-value" in line]
+    call = re.fullmatch(r"until \(umask 077 && (.*) > " + re.escape(slurm.MUNGE_KEY) + r"\); do", line)
+    assert call, line
+    argv = shlex.split(call.group(1))
+    assert argv[0] == paths.AWS_CLI
+    return [str(AWS_CLI), *argv[1:]]
+
+
+def _run_cli(argv: list[str], aws: dict[str, Any], user: str) -> subprocess.CompletedProcess[str]:
+    """As a node runs it: no AWS configuration, no region in the environment, the role's credentials."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    creds = aws["users"][user]
+    env.update(AWS_ENDPOINT_URL=aws["endpoint"], AWS_ACCESS_KEY_ID=creds["aws_access_key_id"],
+               AWS_SECRET_ACCESS_KEY=creds["aws_secret_access_key"], AWS_CONFIG_FILE="/dev/null",
+               AWS_SHARED_CREDENTIALS_FILE="/dev/null", AWS_EC2_METADATA_DISABLED="true")
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _client(aws: dict[str, Any], user: str, service: str) -> Any:
+    import boto3
+
+    return boto3.client(service, endpoint_url=aws["endpoint"], region_name=REGION, **aws["users"][user])
+
+
+def _denied(call: Any, action: str, user: str) -> None:
+    """``call`` is refused by IAM: moto's server answers a JSON service's AccessDenied as XML with status 403, which
+    botocore reports as code "403" with the XML as its message."""
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError) as refused:
+        call()
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    message = refused.value.response["Error"]["Message"]
+    assert "<Code>AccessDenied</Code>" in message
+    assert f"user/{user} is not authorized to perform: {action}" in message
+
+
+def test_node_boot_reads_the_munge_key_and_the_node_cannot_move_the_ttl(spot: Synth, on_aws: dict[str, Any]) -> None:
+    for group in ("WorkerGroup", "ReducerGroup"):
+        argv = _boot_cli_call(user_data(spot.launch_template(group), on_aws["refs"]))
+        done = _run_cli(argv, on_aws, "node")
+        assert (done.returncode, done.stdout) == (0, on_aws["key"] + "\n"), done.stderr
+    ssm = _client(on_aws, "node", "ssm")
+    _denied(lambda: ssm.put_parameter(Name=on_aws["parameter"], Value="2020-01-01T00:00:00Z", Type="String",
+                                      Overwrite=True), "ssm:PutParameter", "node")
+    secrets = _client(on_aws, "node", "secretsmanager")
+    _denied(lambda: secrets.get_secret_value(SecretId=on_aws["other_arn"]), "secretsmanager:GetSecretValue", "node")
+
+
+def test_head_boot_reads_the_munge_key_and_the_head_may_move_the_ttl_only(
+    spot: Synth, on_aws: dict[str, Any]
+) -> None:
+    argv = _boot_cli_call(user_data(head_template(spot), on_aws["refs"]))
+    done = _run_cli(argv, on_aws, "head")
+    assert (done.returncode, done.stdout) == (0, on_aws["key"] + "\n"), done.stderr
+    # What a job's epilog does for `launch train --teardown`: the expiry moved to now, with the CLI as on the head.
+    now = "2026-01-01T00:00:00Z"
+    moved = _run_cli([str(AWS_CLI), "--region", REGION, "ssm", "put-parameter", "--name", on_aws["parameter"],
+                      "--value", now, "--type", "String", "--overwrite"], on_aws, "head")
+    assert moved.returncode == 0, moved.stderr
+    # Read back with the head's own SSM core grant (ssm:GetParameter on "*"): IAM is enforced, admin is refused now.
+    assert _client(on_aws, "head", "ssm").get_parameter(Name=on_aws["parameter"])["Parameter"]["Value"] == now
+    ssm, secrets = _client(on_aws, "head", "ssm"), _client(on_aws, "head", "secretsmanager")
+    for name in (ttl.parameter_name("another-cluster"), "/scaletrain/image/ami-id"):
+        _denied(lambda n=name: ssm.put_parameter(Name=n, Value="x", Type="String", Overwrite=True),
+                "ssm:PutParameter", "head")
+    _denied(lambda: secrets.get_secret_value(SecretId=on_aws["other_arn"]), "secretsmanager:GetSecretValue", "head")
