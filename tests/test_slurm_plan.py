@@ -59,11 +59,17 @@ def test_cluster_name_is_lower_case_and_safe():
 
 def test_worker_registers_itself_with_the_controller():
     cmds = slurm.worker_commands(controller_addr="10.213.0.4", role="worker", cpus=2, address="10.213.0.2")
-    assert cmds[-1] == ("/usr/sbin/slurmd -Z --conf-server 10.213.0.4:6817 "
-                        "--conf 'NodeAddr=10.213.0.2 CPUs=2 Feature=worker'")
-    assert any("runuser -u munge -- /usr/sbin/munged" in c for c in cmds)  # munged refuses to run as root
+    slurmd = next(i for i, c in enumerate(cmds) if c.startswith("/usr/sbin/slurmd "))
+    assert cmds[slurmd] == ("/usr/sbin/slurmd -Z --conf-server 10.213.0.4:6817 "
+                            "--conf 'NodeAddr=10.213.0.2 CPUs=2 Feature=worker'")
+    munged = cmds.index("runuser -u munge -- /usr/sbin/munged")  # munged refuses to run as root
+    assert munged < slurmd
+    # After registering, a replacement under a known name sets its own address and returns itself from DOWN.
+    rejoin = cmds[slurmd + 1:]
+    assert rejoin == slurm.rejoin_commands("10.213.0.2")
+    assert "NodeAddr=10.213.0.2" in rejoin[0] and "State=RESUME" in rejoin[1] and "State=DOWN" in rejoin[1]
     reducer = slurm.worker_commands(controller_addr="10.0.0.1", role="reducer", cpus=4, address="10.0.0.9")
-    assert "Feature=reducer" in reducer[-1]
+    assert any("Feature=reducer" in c for c in reducer)
 
 
 def test_controller_starts_munge_before_slurmctld():

@@ -260,9 +260,6 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
     script = slurm.batch_script(slurm.BatchJob(
         name=f"scaletrain-{spec.model}", nodes=len(chosen), slots=first.slots, output=output, python=c.python,
         mpirun=tuple(argv), ssh_config=c.mpi_ssh_config, max_restarts=max_restarts, stall_timeout_s=stall_timeout))
-    job_id = slurmjobs.submit(c, script, output)
-    console.print(f"job {job_id}: {len(chosen)} node(s), run directory {output} (the cluster owns it: Ctrl-C "
-                  f"detaches, the job runs on)", markup=False, highlight=False)
     seen: list[str] = []
 
     def write(text: str) -> None:
@@ -271,7 +268,10 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
         console.file.write(text)
         console.file.flush()
 
-    try:
+    job_id = slurmjobs.submit(c, script, output)
+    try:  # from here on a Ctrl-C only detaches: the job is the cluster's
+        console.print(f"job {job_id}: {len(chosen)} node(s), run directory {output} (the cluster owns it: Ctrl-C "
+                      f"detaches, the job runs on)", markup=False, highlight=False)
         ended = slurmjobs.follow(c, job_id, write=write)
     except KeyboardInterrupt:
         console.print(f"\n{slurmjobs.detached(job_id, c.name)}", markup=False, highlight=False)

@@ -86,16 +86,24 @@ def _pid(node_dir: Path) -> int | None:
 def remove(d: Path) -> int:
     """Stop every node recorded in ``d`` and remove its namespace, its veth, the bridge and the state. Returns how
     many nodes were running."""
+    from concurrent.futures import ThreadPoolExecutor
+
     rec = leftovers(d)
-    running = 0
     if rec.get("keeper"):  # first: it would replace the nodes this stops
         keeper.stop(rec["keeper"])
-    for name, made in rec.get("nodes", {}).items():
+
+    def one(name: str, made: dict) -> bool:
         pid = _pid(d / "nodes" / name)
-        if pid is not None and nodes_.is_ours(pid, made["netns"]):
-            running += 1
+        was_running = pid is not None and nodes_.is_ours(pid, made["netns"])
+        if was_running:
             nodes_.stop(pid)
         nodes_.remove_node_net(made["netns"], made["veth"])
+        return was_running
+
+    # Every node at once, as instances terminate: one after another, 64 nodes took 129 s to come down.
+    nodes = rec.get("nodes", {})
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(nodes)))) as pool:
+        running = sum(pool.map(lambda item: one(*item), nodes.items()))
     if rec.get("bridge"):
         nodes_.remove_network(rec["bridge"])
     subprocess.run(["rm", "-rf", "--one-file-system", str(d)], check=False)
@@ -259,7 +267,7 @@ def _replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, lis
                 keys[n.name].append(f"{parts[1]} {parts[2]}")
     user_pub = (d / "id_ed25519.pub").read_text() + (d / "node_ed25519.pub").read_text()
     pids = dict(cluster.processes)
-    taken = set(cluster.rehearsal.addresses_used) | {n.address for n in cluster.nodes}
+    taken = set(cluster.rehearsal.addresses_used) | {n.address for n in every}  # the head node's too
     addresses = {n.name: n.address for n in cluster.nodes}
     for name in names:
         net = netw.node(name)

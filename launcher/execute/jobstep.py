@@ -62,6 +62,32 @@ def unreachable(hosts: list[str], ssh_config: str) -> dict[str, str]:
         return {h: why for h, why in pool.map(probe, hosts) if why}
 
 
+def replaced_since(node: str, job_id: str) -> bool:
+    """Has ``node``'s slurmd registered since the job started (an Auto Scaling group's replacement, quicker than the
+    job's step to see the loss)? Both times are the controller's."""
+    from launcher.plans import slurm
+
+    def show(*what: str) -> dict[str, str]:
+        out = subprocess.run(["scontrol", "--oneliner", "show", *what], capture_output=True, text=True)
+        return slurm.fields(out.stdout.strip().splitlines()[0]) if out.returncode == 0 and out.stdout.strip() else {}
+    slurmd_started = show("node", node).get("SlurmdStartTime", "")
+    job_started = show("job", job_id).get("StartTime", "")
+    # ISO 8601 of one clock: the text orders as the time does.
+    return bool(slurmd_started and job_started and slurmd_started[:1].isdigit() and slurmd_started >= job_started)
+
+
+def newest_checkpoint_epoch(output: Path) -> int | None:
+    """The epoch of the newest complete checkpoint in the run directory (what --resume starts after), or None."""
+    from launcher.execute import results
+
+    try:
+        files = [results.RemoteFile(p.name, p.stat().st_size) for p in output.iterdir() if p.is_file()]
+    except OSError:
+        return None
+    index = results.checkpoint_index(files)
+    return index[-1]["epoch"] if index else None
+
+
 def run_step(argv: list[str], stall_s: float) -> tuple[int, list[str], str | None]:
     """Run mpirun, relaying its lines; (exit code, lines, why it was stopped when the stall timeout did)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -138,7 +164,8 @@ def main(args: list[str] | None = None) -> int:
         say(f"job {job_id} finished")
         return 0
     silent = unreachable(hosts, a.ssh_config)
-    why = stopped or f"mpirun exited {code}"
+    named = [ln for ln in (restarts.strip_prefix(x) for x in lines) if ln.startswith("error: ")]
+    why = stopped or (named[-1][len("error: "):] if named else f"mpirun exited {code}")
     lost = restarts.lost_nodes(lines, silent, hosts)
     record = Path(a.output) / restarts.RECORD_FILE
     try:
@@ -152,18 +179,23 @@ def main(args: list[str] | None = None) -> int:
     if not verdict.retry:
         print(f"error: training failed: {verdict.why}", flush=True)
         return code or 1
-    step = restarts.Restart(attempt=restart + 1, why=why, lost=list(lost), resumed_from_epoch=-1,
-                            epochs_lost=0.0, progress=list(at) if at else None)
+    newest = newest_checkpoint_epoch(Path(a.output))
+    step = restarts.Restart(attempt=restart + 1, why=why, lost=list(lost),
+                            resumed_from_epoch=newest + 1 if newest is not None else 0,
+                            epochs_lost=restarts.work_lost(at, newest), progress=list(at) if at else None)
     write_atomic(record, restarts.record([restarts.Restart(**h) for h in history] + [step]))
     causes = "; ".join(f"{n}: {silent.get(n, 'mpirun lost its daemon there')}" for n in lost)
     say(f"{', '.join(lost)} lost ({causes}); "
         f"requeueing job {job_id} (restart {restart + 1} of {a.max_restarts}); it resumes from the newest "
         f"complete checkpoint once the allocation is whole again")
     for node in lost:
+        if replaced_since(node, job_id):  # a replacement already registered: DOWN would keep it out for good
+            continue
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason=lost during job {job_id}"],
                        capture_output=True)
     done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
-    if done.returncode != 0:
+    # Slurm may have been first: a node it saw fail requeues the job by itself ("Job is pending execution").
+    if done.returncode != 0 and "pending" not in done.stderr.lower():
         print(f"error: training failed: {why}, and Slurm would not requeue job {job_id}: {done.stderr.strip()}",
               flush=True)
         return code or 1

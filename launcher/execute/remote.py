@@ -176,7 +176,7 @@ def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True,
     writer = PrefixWriter(node.name, on_line=on_line)
     hangup = hangup or Hangup()
     try:
-        with _session(cluster, node) as conn, _interrupts() as interrupted:
+        with _session(cluster, node) as conn, interrupts() as interrupted:
             if not hangup._attach(conn):
                 return -1, []
             res = conn.run(in_workdir(node, command), pty=pty, warn=True, hide=False, out_stream=writer,
@@ -194,7 +194,7 @@ def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True,
 
 
 @contextlib.contextmanager
-def _interrupts() -> Iterator[list[int]]:
+def interrupts() -> Iterator[list[int]]:
     """Records each SIGINT while a remote command runs, then lets it through as usual (KeyboardInterrupt).
 
     invoke catches that KeyboardInterrupt, sends the interrupt to the remote command (^C down the pty: mpirun

@@ -105,9 +105,19 @@ def follow(c: Cluster, job_id: str, *, write: Callable[[str], None] | None = Non
     """Print the job's output from byte ``offset`` as it grows, until the job has finished (or, without
     ``until_end``, once); a dropped connection is opened again. The job as it ended."""
     write = write or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    with remote.interrupts() as interrupted:  # invoke swallows a Ctrl-C during a command: record it, act after
+        return _follow(c, job_id, write, offset, until_end, interrupted)
+
+
+def _follow(c: Cluster, job_id: str, write: Callable[[str], None], offset: int, until_end: bool,
+            interrupted: list[int]) -> slurm.Job:
     head = head_of(c)
     conn, lost_at, job = None, None, None
     while True:
+        if interrupted:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise KeyboardInterrupt
         try:
             conn = conn or _open(c, head)
             job = jobs(c, job_id, conn=conn)[0]
@@ -138,7 +148,8 @@ def follow(c: Cluster, job_id: str, *, write: Callable[[str], None] | None = Non
             elif now - lost_at > RECONNECT_FOR_S:
                 raise LaunchError(f"no connection to {head.name} for {RECONNECT_FOR_S:.0f} s; job {job_id} runs on "
                                   f"the cluster: `launch logs {job_id} -f` follows it again") from None
-        time.sleep(POLL_S)
+        if not interrupted:
+            time.sleep(POLL_S)
 
 
 def detached(job_id: str, cluster: str) -> str:

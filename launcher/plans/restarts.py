@@ -28,9 +28,14 @@ class Verdict:
     why: str                    # the run's failure, one line
 
 
+def strip_prefix(line: str) -> str:
+    """A line without the ``[node]`` prefix the launcher's stream gives it."""
+    return _PREFIX.sub("", line)
+
+
 def trainer_error(lines: list[str]) -> bool:
     """Did the trainer (or the reducer tier) name the failure itself (its one `error: ...` line)?"""
-    return any(_PREFIX.sub("", line).startswith("error: ") for line in lines)
+    return any(strip_prefix(line).startswith("error: ") for line in lines)
 
 
 def lost_nodes(lines: list[str], unreachable: dict[str, str], names: list[str]) -> tuple[str, ...]:

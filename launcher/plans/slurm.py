@@ -155,7 +155,21 @@ def worker_commands(*, controller_addr: str, role: str, cpus: int, address: str)
     return [*munge_commands(),
             f"install -d -m 0755 {SPOOL_DIR} {LOG_DIR}",
             f"/usr/sbin/slurmd -Z --conf-server {controller_addr}:{SLURMCTLD_PORT} "
-            f"--conf {shlex.quote(node_conf(role=role, cpus=cpus, address=address))}"]
+            f"--conf {shlex.quote(node_conf(role=role, cpus=cpus, address=address))}",
+            *rejoin_commands(address)]
+
+
+def rejoin_commands(address: str) -> list[str]:
+    """A replacement that registers under a name the controller knows keeps the old record's NodeAddr (Slurm 22.05
+    takes a dynamic node's --conf only when it creates the record), so the controller would go on dialling the lost
+    instance: the node sets its own address, then returns itself to service if the record was DOWN (its
+    predecessor was lost; this instance is new). Client commands find the configuration slurmd fetched
+    (configless: /run/slurm/conf)."""
+    me = "$(hostname -s)"
+    return [f"for i in $(seq 1 30); do scontrol update NodeName={me} NodeAddr={address} NodeHostname={me} "
+            "2>/dev/null && break; sleep 1; done",
+            f"if scontrol show node {me} | grep -q 'State=DOWN'; then scontrol update NodeName={me} State=RESUME "
+            "|| true; fi"]
 
 
 # -- what a job's state means ------------------------------------------------------------------------------------------

@@ -1,0 +1,179 @@
+"""Runs that live on the cluster, on a real local cluster with Slurm (`launch local up --slurm`): a head node running
+slurmctld, slurmd -Z on two rehearsal nodes (each its own machine, sharing only /fsx), and the keeper that replaces
+a lost node as an Auto Scaling group does. The launcher submits and follows; nothing of a run depends on it.
+
+One cluster for the module: each test's runs are Slurm jobs queued one after another, as a user's would be."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from clusterutil import (
+    SHARDS,
+    TINY,
+    assert_one_line_error,
+    cluster_state,
+    launch,
+    launch_background,
+    needs_root,
+    node_run,
+    on_host,
+    put_on_shared,
+    tiny_shards,
+    up,
+)
+
+pytestmark = [pytest.mark.cluster, needs_root]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurm")
+    home = root / "home"
+    up(home, "--nodes", "2", "--slurm")
+    try:
+        put_on_shared(home, tiny_shards(home, root), SHARDS)
+        yield home
+    finally:
+        state = json.loads((home / "clusters/local/rehearsal.json").read_text())
+        launch(home, "local", "down")
+        assert not Path(f"/proc/{state['keeper']}").exists(), "the keeper outlived `launch local down`"
+
+
+def jobs(home: Path) -> list[dict]:
+    proc = launch(home, "jobs", "--cluster", "local", "--json", check=True)
+    return json.loads(proc.stdout)
+
+
+def job(home: Path, job_id: str) -> dict:
+    return next(j for j in jobs(home) if j["id"] == job_id)
+
+
+def wait_for(what, timeout: float, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout:.0f} s: {what.__doc__ or what}")
+
+
+def submitted(proc, timeout: float = 300) -> str:
+    """The job id `launch train` printed ("job ID: ..."), read from its output as it runs."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if line.startswith("job ") and ":" in line:
+            return line.split()[1].rstrip(":")
+    raise AssertionError("launch train printed no job id:\n" + "".join(seen))
+
+
+def test_slurm_runs_on_rehearsal_nodes_only(tmp_path):
+    proc = launch(tmp_path / "home", "local", "up", "--loopback", "--slurm")
+    assert_one_line_error(proc, "--slurm", "--loopback")
+
+
+def test_nodes_registered_themselves_with_the_controller(home):
+    state = cluster_state(home)
+    assert state["head"]["name"] == "head" and state["head"]["role"] == "head"
+    proc = launch(home, "exec", "--", "true", check=False)  # the nodes answer; the head is no rank's node
+    assert proc.returncode == 0, proc.stderr
+    # The munge key is the cluster's (made by `launch local up`, as the stack's secret is), not the image's.
+    key = (home / "clusters/local/munge.key").read_bytes()
+    assert len(key) == 1024
+    node_key = home / "clusters/local/nodes/node0/upper/etc/munge/munge.key"
+    assert node_key.read_bytes() == key and oct(node_key.stat().st_mode & 0o777) == "0o400"
+
+
+def test_a_run_outlives_its_launcher_and_a_lost_node(home):
+    """The issue's "done when": SIGKILL the launcher and node1 after the first checkpoint; with no launcher, Slurm
+    requeues the job, the keeper's replacement registers, the job resumes and finishes every epoch."""
+    run = node_run("outlives")
+    proc = launch_background(home, "train", "--data", SHARDS, "--epochs", "6", *TINY, "--max-restarts", "1",
+                             "--output", run)
+    job_id = submitted(proc)
+    checkpoint = on_host(home, f"{run}/checkpoint-epoch000.pt")
+    wait_for(lambda: checkpoint.exists(), 300, 0.2)
+    proc.kill()
+    proc.wait(10)
+    before = cluster_state(home)["nodes"][1]["address"]
+    killed_at = time.monotonic()
+    launch(home, "local", "kill", "node1", check=True)
+    output = on_host(home, f"{run}/slurm-{job_id}.out")
+
+    def training_again():
+        """the job's second attempt printed a step"""
+        text = output.read_text()
+        return "attempt 2" in text and "epoch " in text.split("attempt 2", 1)[1]
+
+    wait_for(training_again, 300)
+    print(f"lost node to training again: {time.monotonic() - killed_at:.1f} s")
+
+    def finished():
+        """the job finished"""
+        return job(home, job_id)["state"] in ("succeeded", "failed", "cancelled")
+
+    wait_for(finished, 400, 2)
+    done = job(home, job_id)
+    assert done["state"] == "succeeded", output.read_text()[-3000:]
+    assert done["restarts"] == 1 and done["output"] == run
+    logs = launch(home, "logs", job_id, "--cluster", "local", check=True)
+    assert any(ln.startswith("summary: resnet18 2 ranks, 6 epochs") for ln in logs.stdout.splitlines()), logs.stdout
+    record = json.loads(on_host(home, f"{run}/restarts.json").read_text())
+    assert record["history"][0]["lost"] == ["node1"] and record["history"][0]["resumed_from_epoch"] >= 1
+    keeper = (home / "clusters/local/keeper.log").read_text()
+    after = cluster_state(home)["nodes"][1]["address"]
+    assert f"node1 replaced: {after}" in keeper and after != before  # a new instance, a new address
+
+
+def test_ctrl_c_detaches_and_a_second_run_queues_behind_the_first(home):
+    first = launch_background(home, "train", "--data", SHARDS, "--epochs", "30", *TINY, "--output",
+                              node_run("first"))
+    first_id = submitted(first)
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 130, out + err
+    assert f"detached from job {first_id}" in out and f"launch cancel {first_id}" in out
+    assert "Traceback" not in err
+    second = launch_background(home, "train", "--data", SHARDS, "--epochs", "1", *TINY, "--output",
+                               node_run("second"))
+    second_id = submitted(second)
+    second.send_signal(signal.SIGINT)
+    second.communicate(timeout=60)
+    assert job(home, first_id)["state"] == "running"
+    queued = job(home, second_id)
+    assert queued["state"] == "queued", queued
+    cancelled = launch(home, "cancel", first_id, "--cluster", "local", check=True)
+    assert f"job {first_id}" in cancelled.stdout and "cancelled" in cancelled.stdout
+    wait_for(lambda: job(home, first_id)["state"] == "cancelled", 120)
+    again = launch(home, "cancel", first_id, "--cluster", "local")
+    assert_one_line_error(again, f"job {first_id} has already finished (cancelled)")
+    wait_for(lambda: job(home, second_id)["state"] == "succeeded", 300, 2)
+
+
+def test_unknown_job_and_bad_ids_are_one_line(home):
+    assert_one_line_error(launch(home, "logs", "9999", "--cluster", "local"), "no job 9999")
+    assert_one_line_error(launch(home, "cancel", "abc", "--cluster", "local"), "'abc' is not a job id")
+
+
+def test_a_failure_the_trainer_names_is_not_requeued(home):
+    run = node_run("bad-data")
+    proc = launch(home, "train", "--data", "/fsx/scaletrain/nothing-here", "--epochs", "1", *TINY, "--output", run)
+    assert_one_line_error(proc, "no manifest.json in /fsx/scaletrain/nothing-here")
+    # The trainer itself refuses an option at start: the job fails with its line, once.
+    proc = launch(home, "train", "--data", SHARDS, "--epochs", "1", *TINY, "--max-restarts", "2", "--output",
+                  node_run("bad-option"), "--", "--log-every", "0")
+    assert_one_line_error(proc, "failed", "--log-every must be >= 1, got 0", "not retried")
+    failed = [j for j in jobs(home) if j["output"] == node_run("bad-option")]
+    assert failed and failed[0]["state"] == "failed" and failed[0]["restarts"] == 0, failed
+
