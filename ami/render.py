@@ -128,7 +128,8 @@ COMPONENTS: tuple[Component, ...] = (
     Component("horovod", "Horovod from its sdist with NCCL and MPI, C++17 fix"),
     Component("beegfs", "BeeGFS management, metadata, storage and client"),
     Component("lustre", "Lustre client for FSx for Lustre"),
-    Component("slurm", "Slurm (slurmctld, slurmd, the client) built from SchedMD's source, and munge"),
+    Component("slurm", "Slurm (built from SchedMD's source: Ubuntu 22.04's 21.08 has no dynamic nodes) and munge; "
+              "rehearsal nodes take Debian's 22.05.8"),
     Component("scaletrain", "scaletrain with its train extra in the training venv; PATH for logins",
               downloads_source=True),
     Component("image-test", "Test: GPUs, Fabric Manager on NVSwitch hosts, EFA provider, Horovod with NCCL, "

@@ -132,15 +132,20 @@ def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable:
 
     The address is rendered as a placeholder inside the single-quoted ``--conf`` value (``shlex.quote``), then the
     placeholder becomes ``'"$VAR"'``: close the single quotes, the variable in double quotes, reopen them, so the
-    shell expands it and the value stays one word.
+    shell expands it and the value stays one word; where it is a bare word (the replacement's own NodeAddr update,
+    :func:`launcher.plans.slurm.rejoin_commands`), ``"$VAR"``.
     """
     commands = slurm.worker_commands(controller_addr=controller_addr, role=role, cpus=cpus, address=_NODE_ADDR)
     expanded = []
     for command in commands:
         if _NODE_ADDR in command:
-            quoted = shlex.split(command.replace(controller_addr, "CONTROLLER"))
-            assert any(_NODE_ADDR in word and f"'{word}'" in command for word in quoted), command
-            command = command.replace(_NODE_ADDR, f"'\"${address_variable}\"'")
+            words = [w for w in shlex.split(command.replace(controller_addr, "CONTROLLER")) if _NODE_ADDR in w]
+            assert words, command
+            if all(f"'{w}'" in command for w in words):  # inside single quotes: close, expand, reopen
+                command = command.replace(_NODE_ADDR, f"'\"${address_variable}\"'")
+            else:  # a bare word (rejoin_commands' NodeAddr=ADDR): expanded in double quotes
+                assert not any(f"'{w}'" in command for w in words), command
+                command = command.replace(_NODE_ADDR, f'"${address_variable}"')
         expanded.append(command)
     return expanded
 

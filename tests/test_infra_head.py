@@ -255,6 +255,10 @@ def test_every_node_fetches_the_key_and_registers_with_the_head_nodes_address(
     assert argv == ["-Z", "--conf-server", f"10.0.0.5:{slurm.SLURMCTLD_PORT}", "--conf",
                     f"NodeAddr=10.0.7.9 CPUs={catalog.get(instance_type).vcpus} Feature={role}"]
     assert lines.index(slurm.munge_commands()[-1]) > fetch  # munged starts once the key is there
+    # A replacement registering under a name the controller knows sets its own address (read at boot) after slurmd.
+    slurmd = next(i for i, line in enumerate(lines) if line.startswith("/usr/sbin/slurmd "))
+    rejoin = next(i for i, line in enumerate(lines) if "scontrol update NodeName=" in line and "NodeAddr=" in line)
+    assert rejoin > slurmd and 'NodeAddr="$NODE_ADDR"' in lines[rejoin]
 
 
 # --- The munge key and the roles -------------------------------------------------------------------------------------
