@@ -40,6 +40,7 @@ REPLACEMENT_SPARE_MIN = 8
 # script from the shell variables of the same purpose.
 _HEAD_HOST, _HEAD_ADDR, _NODE_ADDR = "@HEAD_HOST@", "@HEAD_ADDR@", "@NODE_ADDR@"
 _CONF_END = "SLURM_CONF"  # the here-document's delimiter
+_EPILOG_END = "SLURM_EPILOG"
 KEY_TRIES, KEY_RETRY_S = 30, 10  # how long a node waits for the munge key: 5 minutes
 
 # IMDSv2: a session token from a PUT, then the metadata with the token in a header; the launch templates require
@@ -77,6 +78,17 @@ def munge_key_argv(*, region: str, secret_id: str, aws_cli: str = paths.AWS_CLI)
             "--query", "SecretString", "--output", "text"]
 
 
+def teardown_argv_line(*, region: str, cluster_name: str, aws_cli: str = paths.AWS_CLI) -> list[str]:
+    """What the head node's epilog runs after a `launch train --teardown` job: the stack's TTL parameter moved to
+    now, so that the TTL guard deletes the stack at its next run (infra/ttl.py; the head role may put this one
+    parameter: "ssm:PutParameter", https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_PutParameter.html)."""
+    from infra import ttl
+
+    return [f"{aws_cli} --region {shlex.quote(region)} ssm put-parameter --name "
+            f"{shlex.quote(ttl.parameter_name(cluster_name))} --type String --overwrite "
+            f'--value "$(date -u +{ttl.EXPIRY_FORMAT})"']
+
+
 def _fetch_munge_key(*, region: str, secret_id: str) -> list[str]:
     """Write the munge key (mode 0400 under umask 077 from the start, never world-readable), retried for a while: the
     instance profile's credentials and a new VPC endpoint's DNS can lag the first seconds of boot (IAM is eventually
@@ -111,8 +123,10 @@ def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: in
     (Fn::GetAtt PrivateIp, see :func:`node_script`).
     """
     conf = slurm.slurm_conf(slurm.SlurmCluster(name=cluster_name, controller=_HEAD_HOST, controller_addr=_HEAD_ADDR,
-                                               max_nodes=max_nodes))
+                                               max_nodes=max_nodes, epilog_ctld=slurm.EPILOG_PATH))
     assert _CONF_END not in conf.splitlines()
+    epilog = slurm.epilog_script(action=teardown_argv_line(region=region, cluster_name=cluster_name))
+    assert _EPILOG_END not in epilog.splitlines()
     return _script([
         _IMDS,
         "HEAD_HOST=$(hostname -s)",
@@ -122,6 +136,10 @@ def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: in
         conf.rstrip("\n"),
         _CONF_END,
         f'sed -i -e "s/{_HEAD_HOST}/$HEAD_HOST/g" -e "s/{_HEAD_ADDR}/$HEAD_ADDR/g" {slurm.CONF_PATH}',
+        f"cat > {slurm.EPILOG_PATH} <<'{_EPILOG_END}'",
+        epilog.rstrip("\n"),
+        _EPILOG_END,
+        f"chmod 0755 {slurm.EPILOG_PATH}",
         *_fetch_munge_key(region=region, secret_id=secret_id),
         *slurm.controller_commands(),
     ])

@@ -3,3 +3,8 @@
 
 class LaunchError(Exception):
     """A problem the user can fix; the message is one line naming what was wrong and what is allowed."""
+
+
+class Detached(Exception):
+    """The user pressed Ctrl-C while following a job the cluster owns: the launcher stops, the job does not. `main`
+    exits 130 without an error line (what was said is already printed)."""

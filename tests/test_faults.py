@@ -28,9 +28,16 @@ def test_a_lost_node_is_named():
         "away), so the job was stopped")
 
 
-def test_a_killed_rank_is_named_with_its_signal():
-    assert faults.diagnose(recorded("rank1-killed.txt"), nodes(1, 1)) == (
-        "rank 1 on node1 was killed by signal 9 (Killed), so the job was stopped")
+def test_a_killed_rank_is_named_with_its_signal_and_sigkill_as_the_oom_killer():
+    why = faults.diagnose(recorded("rank1-killed.txt"), nodes(1, 1))
+    assert why.startswith("rank 1 on node1 was killed by signal 9 (Killed), so the job was stopped; ")
+    assert "out-of-memory killer" in why and "shares this machine" not in why
+    local = faults.diagnose(recorded("rank1-killed.txt"), nodes(1, 1), shared_memory_gib=23.5)
+    assert local.startswith(why) and "every node of the local cluster shares this machine's 24 GiB" in local
+    # Another signal is not memory: no hint.
+    other = [ln.replace("signal 9 (Killed)", "signal 11 (Segmentation fault)") for ln in recorded("rank1-killed.txt")]
+    assert faults.diagnose(other, nodes(1, 1), shared_memory_gib=23.5) == (
+        "rank 1 on node1 was killed by signal 11 (Segmentation fault), so the job was stopped")
 
 
 def test_a_rank_that_exits_non_zero_is_placed_on_its_node_by_the_hostfile():

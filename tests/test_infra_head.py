@@ -203,11 +203,59 @@ def test_head_node_boot_writes_the_rendered_slurm_conf(spot: Synth, tmp_path: Pa
     written = _conf_from_boot(script, tmp_path, "ip-10-0-12-34", "10.0.12.34")
     max_nodes = 4 + 2 + boot.REPLACEMENT_SPARE_MIN  # 6 nodes: every one replaced once is less than the spare
     assert written == slurm.slurm_conf(slurm.SlurmCluster(
-        name=SPOT_CLUSTER, controller="ip-10-0-12-34", controller_addr="10.0.12.34", max_nodes=max_nodes))
+        name=SPOT_CLUSTER, controller="ip-10-0-12-34", controller_addr="10.0.12.34", max_nodes=max_nodes,
+        epilog_ctld=slurm.EPILOG_PATH))
     for line in ("SlurmctldHost=ip-10-0-12-34(10.0.12.34)", "SlurmctldParameters=enable_configless",
                  "ReturnToService=2", f"SlurmdTimeout={slurm.SLURMD_TIMEOUT_S}", f"MaxNodeCount={max_nodes}",
                  f"ClusterName={slurm.cluster_name(SPOT_CLUSTER)}"):
         assert line in written.splitlines(), line
+
+
+def _epilog_from_boot(script: str, tmp_path: Path) -> Path:
+    """The head script's epilog (its here-document), written by bash into tmp_path as the boot writes it."""
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"cat > {slurm.EPILOG_PATH} <<"))
+    end = next(i for i, line in enumerate(lines) if line == f"chmod 0755 {slurm.EPILOG_PATH}")
+    epilog = tmp_path / "epilog.sh"
+    part = "\n".join(lines[start:end + 1]).replace(slurm.EPILOG_PATH, str(epilog))
+    subprocess.run(["bash", "-euo", "pipefail", "-c", part], check=True)
+    assert epilog.stat().st_mode & 0o111
+    return epilog
+
+
+def _run_epilog(epilog: Path, tmp_path: Path, *, comment: str, state: str, aws_cli: str | None = None,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the epilog as slurmctld does, SLURM_JOB_ID and SLURM_JOB_COMMENT set, with an `scontrol` that reports
+    ``state``; the image's AWS CLI is a recorder unless ``aws_cli`` names a real one."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(f"#!/bin/bash\necho 'JobId=7 JobName=x JobState={state} Reason=None'\n")
+    (bin_dir / "aws").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {tmp_path}/aws-argv\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    text = epilog.read_text().replace(paths.AWS_CLI, aws_cli or str(bin_dir / "aws"))
+    run_env = {**(env or os.environ), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+               "SLURM_JOB_COMMENT": comment}
+    return subprocess.run(["bash", "-c", text], env=run_env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("comment,state,moves", [
+    (slurm.TEARDOWN_COMMENT, "COMPLETED", True), (slurm.TEARDOWN_COMMENT, "FAILED", True),
+    (slurm.TEARDOWN_COMMENT, "PENDING", False),  # requeued after a lost node: the run goes on
+    ("", "COMPLETED", False), ("something else", "COMPLETED", False)])
+def test_the_epilog_moves_the_ttl_to_now_only_when_a_teardown_job_has_ended(
+    spot: Synth, tmp_path: Path, comment: str, state: str, moves: bool
+) -> None:
+    epilog = _epilog_from_boot(user_data(head_template(spot)), tmp_path)
+    done = _run_epilog(epilog, tmp_path, comment=comment, state=state)
+    assert done.returncode == 0, done.stderr
+    recorded = tmp_path / "aws-argv"
+    assert recorded.exists() == moves
+    if moves:
+        argv = recorded.read_text().splitlines()
+        assert argv[:4] == ["--region", REGION, "ssm", "put-parameter"]
+        assert argv[argv.index("--name") + 1] == ttl.parameter_name(SPOT_CLUSTER) and "--overwrite" in argv
+        ttl.parse_expiry(argv[argv.index("--value") + 1])  # the guard's format, read by the guard
 
 
 def test_head_node_boot_fetches_the_munge_key_then_starts_slurmctld(spot: Synth) -> None:
@@ -466,18 +514,28 @@ def test_node_boot_reads_the_munge_key_and_the_node_cannot_move_the_ttl(spot: Sy
 
 
 def test_head_boot_reads_the_munge_key_and_the_head_may_move_the_ttl_only(
-    spot: Synth, on_aws: dict[str, Any]
+    spot: Synth, on_aws: dict[str, Any], tmp_path: Path
 ) -> None:
     argv = _boot_cli_call(user_data(head_template(spot), on_aws["refs"]))
     done = _run_cli(argv, on_aws, "head")
     assert (done.returncode, done.stdout) == (0, on_aws["key"] + "\n"), done.stderr
-    # What a job's epilog does for `launch train --teardown`: the expiry moved to now, with the CLI as on the head.
-    now = "2026-01-01T00:00:00Z"
-    moved = _run_cli([str(AWS_CLI), "--region", REGION, "ssm", "put-parameter", "--name", on_aws["parameter"],
-                      "--value", now, "--type", "String", "--overwrite"], on_aws, "head")
-    assert moved.returncode == 0, moved.stderr
+    # What the head's epilog runs after a `launch train --teardown` job: its own AWS CLI call, with the head's
+    # credentials only, moves the expiry to now.
+    epilog = _epilog_from_boot(user_data(head_template(spot), on_aws["refs"]), tmp_path)
+    creds = on_aws["users"]["head"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=on_aws["endpoint"], AWS_ACCESS_KEY_ID=creds["aws_access_key_id"],
+               AWS_SECRET_ACCESS_KEY=creds["aws_secret_access_key"], AWS_CONFIG_FILE="/dev/null",
+               AWS_SHARED_CREDENTIALS_FILE="/dev/null", AWS_EC2_METADATA_DISABLED="true")
+    moved = _run_epilog(epilog, tmp_path, comment=slurm.TEARDOWN_COMMENT, state="COMPLETED", aws_cli=str(AWS_CLI),
+                        env=env)
+    assert moved.returncode == 0 and not moved.stderr, moved.stderr
     # Read back with the head's own SSM core grant (ssm:GetParameter on "*"): IAM is enforced, admin is refused now.
-    assert _client(on_aws, "head", "ssm").get_parameter(Name=on_aws["parameter"])["Parameter"]["Value"] == now
+    now = _client(on_aws, "head", "ssm").get_parameter(Name=on_aws["parameter"])["Parameter"]["Value"]
+    import datetime as dt
+
+    # The fixture's expiry was 2030: now it is this minute.
+    assert abs(ttl.parse_expiry(now) - dt.datetime.now(dt.timezone.utc)) < dt.timedelta(minutes=5), now
     ssm, secrets = _client(on_aws, "head", "ssm"), _client(on_aws, "head", "secretsmanager")
     for name in (ttl.parameter_name("another-cluster"), "/scaletrain/image/ami-id"):
         _denied(lambda n=name: ssm.put_parameter(Name=n, Value="x", Type="String", Overwrite=True),

@@ -3,6 +3,8 @@ training job's batch script, and what `scontrol` and the job completion log say 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from golden import assert_golden
 
@@ -81,7 +83,7 @@ JOB = slurm.BatchJob(name="scaletrain-resnet18", nodes=2, slots=1, output="/fsx/
                      python="/opt/scaletrain/venv/bin/python",
                      mpirun=("/opt/amazon/openmpi/bin/mpirun", "-np", "2", "--hostfile",
                              "/fsx/scaletrain/runs/r1/hostfile", "python", "-m", "training.train", "--epochs", "3"),
-                     ssh_config="/root/.scaletrain/cluster/ssh_config", max_restarts=1, stall_timeout_s=1800)
+                     max_restarts=1, stall_timeout_s=1800)
 
 
 def test_batch_script_golden():
@@ -163,3 +165,29 @@ def test_parse_jobs_newest_first_controller_over_log():
 
 def test_parse_jobs_of_nothing():
     assert slurm.parse_jobs("No jobs in the system\n", "") == []
+
+
+def test_the_jobs_mpirun_starts_its_daemons_through_slurm_with_the_runs_hostfile():
+    from test_plan import SPEC, local_cluster
+
+    c = local_cluster(2)
+    argv = slurm.job_mpirun(c, c.select_workers(2), SPEC, fabric_env={"FI_PROVIDER": "efa"},
+                            mca=[("btl_tcp_if_include", "ens5")])
+    assert_golden("slurm-mpirun-local-2.json", json.dumps(argv, indent=1) + "\n")
+    pairs = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--mca"}
+    assert pairs["plm"] == "slurm" and pairs["btl_tcp_if_include"] == "ens5"
+    assert argv[argv.index("--hostfile") + 1] == f"{SPEC.output}/{slurm.HOSTFILE}"
+    assert "FI_PROVIDER=efa" in argv and argv[argv.index("-np") + 1] == "2"
+
+
+def test_a_node_with_slurm_gets_cgroup_mounts_and_its_daemons_before_sshd():
+    from launcher.plans import rehearsal
+
+    kw = dict(node="node0", lowerdirs=["/l"], upper="/u", work="/w", merged="/m", shared="/s")
+    plain = rehearsal.boot_script(**kw)
+    assert "cgroup" not in plain  # nodes without Slurm boot as before
+    lines = rehearsal.boot_script(**kw, services=("/usr/sbin/slurmctld",)).splitlines()
+    mounts = [i for i, ln in enumerate(lines) if "/m/sys/fs/cgroup" in ln]
+    assert mounts and max(mounts) < lines.index("pivot_root . .oldroot")
+    assert lines.index("/usr/sbin/slurmctld") < lines.index("exec /usr/sbin/sshd -D -e")
+    assert lines.index("/usr/sbin/slurmctld") > lines.index("ssh-keygen -A >/dev/null")

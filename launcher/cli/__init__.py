@@ -10,7 +10,7 @@ import typer
 
 from launcher.cli import cluster, data, doctor, jobs, local, plan, train
 from launcher.cli import exec as exec_
-from launcher.errors import LaunchError
+from launcher.errors import Detached, LaunchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="scaletrain: provision a GPU cluster, shard ImageNet, train ResNet-50 with Horovod over "
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx else ""
         print(f"error: {e.format_message()}{hint}", file=sys.stderr)
         return 2
+    except Detached:
+        return 130
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("error: interrupted", file=sys.stderr)
         return 130

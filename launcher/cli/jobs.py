@@ -9,6 +9,7 @@ from rich.table import Table
 
 from launcher import cluster as clusters
 from launcher.cli.common import ClusterOpt, console
+from launcher.errors import Detached
 from launcher.execute import slurmjobs
 
 app = typer.Typer()
@@ -47,7 +48,7 @@ def logs(job_id: str = typer.Argument(..., metavar="ID", help="The job, as `laun
         job = slurmjobs.follow(c, job_id, until_end=follow)
     except KeyboardInterrupt:
         console.print(f"\n{slurmjobs.detached(job_id, c.name)}", markup=False, highlight=False)
-        raise typer.Exit(130) from None
+        raise Detached from None
     if follow:
         console.print(f"job {job_id} {job.state} ({job.slurm_state}, exit {job.exit_code})", markup=False,
                       highlight=False)

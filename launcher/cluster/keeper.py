@@ -21,6 +21,7 @@ from pathlib import Path
 
 LOG = "keeper.log"
 INTERVAL_S = 1.0
+TEARDOWN_GRACE_S = 20.0
 
 
 def is_keeper(pid: int) -> bool:
@@ -51,6 +52,27 @@ def say(line: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}", flush=True)
 
 
+def torn_down(c) -> bool:
+    """A job submitted with --teardown has ended (its epilog on the head node wrote the marker): after a grace
+    period, in which a launcher still attached reads the run's summary, take the cluster down, as the TTL guard
+    deletes a stack whose expiry the epilog moved to now."""
+    from launcher.cluster import local_rehearsal
+    from launcher.plans import slurm
+
+    assert c.rehearsal is not None
+    marker = Path(c.rehearsal.shared_host) / slurm.TEARDOWN_MARKER
+    try:
+        written = float(marker.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    if time.time() - written < TEARDOWN_GRACE_S:
+        return False
+    say("a --teardown job has ended (its epilog's marker); taking the cluster down")
+    local_rehearsal.remove(local_rehearsal.cluster_dir(c.name))
+    say("the cluster is down")
+    return True
+
+
 def main(name: str) -> int:
     from launcher import cluster as clusters
     from launcher.cluster import local_rehearsal
@@ -70,6 +92,8 @@ def main(name: str) -> int:
             c = clusters.load(name)
         except LaunchError:
             say("the cluster is gone; stopping")
+            return 0
+        if torn_down(c):
             return 0
         lost = [n for n in c.names() if n not in local_rehearsal.running_nodes(c)]
         if not lost or stopping:

@@ -89,7 +89,7 @@ def remove(d: Path) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     rec = leftovers(d)
-    if rec.get("keeper"):  # first: it would replace the nodes this stops
+    if rec.get("keeper") and rec["keeper"] != os.getpid():  # first: it would replace the nodes this stops
         keeper.stop(rec["keeper"])
 
     def one(name: str, made: dict) -> bool:
@@ -118,6 +118,9 @@ def _slurm_side(d: Path, head_address: str, *, role: str, cpus: int, address: st
     if role == "head":
         assert conf is not None
         files[slurm.CONF_PATH] = (conf.encode(), 0o644)
+        # --teardown's epilog: the keeper takes the cluster down on this marker, as the TTL guard does on AWS.
+        marker = f"{plan.SHARED_MOUNT}/{slurm.TEARDOWN_MARKER}"
+        files[slurm.EPILOG_PATH] = (slurm.epilog_script(action=[f"date -u +%s > {marker}"]).encode(), 0o755)
         return files, tuple(slurm.controller_commands())
     return files, tuple(slurm.worker_commands(controller_addr=head_address, role=role, cpus=cpus, address=address))
 
@@ -189,7 +192,8 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
                                                                             f"scaletrain-nodes-{name}")
         shared = d / "shared"
         shared.mkdir(mode=0o755)
-        (shared / "scaletrain").mkdir(mode=0o1777)
+        (shared / "scaletrain").mkdir()
+        (shared / "scaletrain").chmod(0o1777)  # mkdir's mode is masked by the umask: every user of the nodes writes
         nodes_.make_network(netw)
         _record(d, bridge=netw.bridge)
         cpus = cpus_per_node(os.cpu_count() or 1, len(roles))
@@ -201,7 +205,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
             os.write(fd, os.urandom(1024))  # munged wants at least 32 bytes (mungekey(8)); 1024 is its default
             os.close(fd)
             conf = slurm.slurm_conf(slurm.SlurmCluster(name=name, controller=HEAD, controller_addr=head_addr,
-                                                       max_nodes=2 * len(roles)))
+                                                       max_nodes=2 * len(roles), epilog_ctld=slurm.EPILOG_PATH))
             booted[HEAD] = _boot_node(d, netw, HEAD, layers, shared, user_pub, slurm_role=(head_addr, "head", 1),
                                       conf=conf)
             head = Node(name=HEAD, address=head_addr, port=22, role="head", slots=0, cpus=1,

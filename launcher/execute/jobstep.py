@@ -22,13 +22,15 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from launcher.plans import restarts
+from launcher.cluster import Node
+from launcher.plans import faults, restarts
 
 PROBE_TIMEOUT_S = 10
 
@@ -48,16 +50,35 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def unreachable(hosts: list[str], ssh_config: str) -> dict[str, str]:
-    """The allocation's nodes that no longer answer SSH (each probed at once, within PROBE_TIMEOUT_S)."""
+def node_addresses(hosts: list[str]) -> dict[str, str]:
+    """Each node's address as the controller has it (NodeAddr): where its slurmd answers."""
+    from launcher.plans import slurm
+
+    out = subprocess.run(["scontrol", "--oneliner", "show", "node", ",".join(hosts)], capture_output=True,
+                         text=True)
+    found = {}
+    for line in out.stdout.splitlines():
+        f = slurm.fields(line)
+        if "NodeName" in f:
+            found[f["NodeName"]] = f.get("NodeAddr") or f["NodeName"]
+    return found
+
+
+def unreachable(hosts: list[str]) -> dict[str, str]:
+    """The allocation's nodes whose slurmd no longer accepts a connection at the address the job ran with (each
+    probed at once, within PROBE_TIMEOUT_S). Slurm's own word, NOT_RESPONDING, takes up to SlurmdTimeout; SSH
+    between nodes is not what a Slurm job relies on."""
+    from launcher.plans import slurm
+
+    addresses = node_addresses(hosts)
+
     def probe(host: str) -> tuple[str, str | None]:
+        address = addresses.get(host, host)
         try:
-            p = subprocess.run(["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o",
-                                f"ConnectTimeout={PROBE_TIMEOUT_S}", host, "true"],
-                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S + 5)
-        except subprocess.TimeoutExpired:
-            return host, "no answer"
-        return host, None if p.returncode == 0 else (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+            with socket.create_connection((address, slurm.SLURMD_PORT), timeout=PROBE_TIMEOUT_S):
+                return host, None
+        except OSError as e:
+            return host, f"slurmd at {address}:{slurm.SLURMD_PORT}: {e.strerror or e}"
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
         return {h: why for h, why in pool.map(probe, hosts) if why}
 
@@ -143,8 +164,8 @@ def main(args: list[str] | None = None) -> int:
     p.add_argument("--stall-timeout", type=float, default=0.0)
     p.add_argument("--slots", type=int, required=True)
     p.add_argument("--hostfile", required=True)
-    p.add_argument("--ssh-config", required=True)
     p.add_argument("--output", required=True)
+    p.add_argument("--shared-memory-gib", type=float, default=None)
     p.add_argument("mpirun", nargs=argparse.REMAINDER)
     a = p.parse_args(args)
     mpirun = a.mpirun[1:] if a.mpirun[:1] == ["--"] else a.mpirun
@@ -163,9 +184,11 @@ def main(args: list[str] | None = None) -> int:
     if code == 0 and not stopped:
         say(f"job {job_id} finished")
         return 0
-    silent = unreachable(hosts, a.ssh_config)
-    named = [ln for ln in (restarts.strip_prefix(x) for x in lines) if ln.startswith("error: ")]
-    why = stopped or (named[-1][len("error: "):] if named else f"mpirun exited {code}")
+    silent = unreachable(hosts)
+    # The nodes as the hostfile lays the ranks out, for naming the node of a rank that died.
+    ranked = [Node(name=h, address=h, role="worker", slots=a.slots, cpus=1, workdir="/") for h in hosts]
+    why = stopped or faults.diagnose(lines, ranked, silent, shared_memory_gib=a.shared_memory_gib) \
+        or f"mpirun exited {code}"
     lost = restarts.lost_nodes(lines, silent, hosts)
     record = Path(a.output) / restarts.RECORD_FILE
     try:

@@ -29,10 +29,21 @@ def rank_node(rank: int, nodes: list[Node]) -> str:
     return f"rank {rank}'s node"
 
 
-def diagnose(lines: list[str], nodes: list[Node], unreachable: Mapping[str, str] | None = None) -> str | None:
+# A rank killed by SIGKILL on a node that still answers: nothing but the kernel's out-of-memory killer sends it
+# unasked ("the OOM killer ... sends a SIGKILL", https://www.kernel.org/doc/gorman/html/understand/understand016.html;
+# the node's kernel log says "Out of memory: Killed process PID").
+_OOM_HINT = ("; a SIGKILL nobody sent is most likely the kernel's out-of-memory killer (the node's `dmesg` says "
+             "\"Out of memory: Killed process\"): fewer loader --workers or a smaller --batch-per-gpu")
+_SHARED_MEMORY = ("; every node of the local cluster shares this machine's {gib:.0f} GiB, so N ranks with their "
+                  "loader workers need N times one rank's memory (64 ranks with 2 workers each exhaust 24 GiB)")
+
+
+def diagnose(lines: list[str], nodes: list[Node], unreachable: Mapping[str, str] | None = None, *,
+             shared_memory_gib: float | None = None) -> str | None:
     """One line saying why the job stopped, or None when nothing names a cause.
 
-    `unreachable`: node -> why SSH to it failed, probed after the job stopped. mpirun does not always name a
+    `unreachable`: node -> why SSH to it failed, probed after the job stopped. `shared_memory_gib`: on the local
+    cluster, the memory all its nodes share (said when a rank was killed by SIGKILL). mpirun does not always name a
     node that went away (when it sees the ssh session die first, it only says it could not keep its daemons),
     so a node that no longer answers is the best evidence there is.
     """
@@ -50,7 +61,10 @@ def diagnose(lines: list[str], nodes: list[Node], unreachable: Mapping[str, str]
     if m := _SIGNAL.search(text):
         what = f" ({m[4]})" if m[4] else ""
         node = m[2] if any(n.name == m[2] for n in nodes) else rank_node(int(m[1]), nodes)
-        return f"rank {m[1]} on {node} was killed by signal {m[3]}{what}, so the job was stopped"
+        why = f"rank {m[1]} on {node} was killed by signal {m[3]}{what}, so the job was stopped"
+        if m[3] == "9":
+            why += _OOM_HINT + (_SHARED_MEMORY.format(gib=shared_memory_gib) if shared_memory_gib else "")
+        return why
     if m := _EXIT_CODE.search(text):
         return f"rank {m[1]} on {rank_node(int(m[1]), nodes)} exited with code {m[2]}, so the job was stopped"
     return None

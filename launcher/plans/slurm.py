@@ -208,9 +208,22 @@ class BatchJob:
     output: str                              # the run directory, on shared storage
     python: str                              # the image's Python, with scaletrain installed
     mpirun: tuple[str, ...]                  # the run's mpirun line (launcher/plans/job.py), hostfile OUTPUT/hostfile
-    ssh_config: str                          # the nodes' ssh_config (the step probes the allocation with it)
     max_restarts: int = 0
     stall_timeout_s: float = 1800.0
+    teardown: bool = False                   # the cluster removes itself when the job has ended (epilog_script)
+    shared_memory_gib: float | None = None   # the local cluster: the memory all its nodes share (faults.diagnose)
+
+
+def job_mpirun(cluster, workers: list, spec, *, fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
+    """The run's mpirun line inside the allocation (launcher/plans/job.py's, hostfile OUTPUT/hostfile). Open MPI
+    starts its daemons through Slurm there (its slurm launcher runs srun, which munge authenticates), not over SSH:
+    a replacement node, whose host key no launcher pinned, takes part as soon as it registers. ParallelCluster runs
+    its own EFA tests this way, a bare mpirun in an sbatch script (aws/aws-parallelcluster,
+    tests/integration-tests/tests/efa/test_efa/test_efa/nccl_benchmarks/nccl_tests_submit_openmpi.sh)."""
+    from launcher.plans import job
+
+    return job.launch_argv(cluster, workers, [], spec, f"{spec.output}/{HOSTFILE}", fabric_env=fabric_env,
+                           mca=[*mca, ("plm", "slurm")])
 
 
 def output_file(output: str, job_id: str) -> str:
@@ -227,7 +240,8 @@ def batch_script(b: BatchJob) -> str:
     q = shlex.quote
     step = [b.python, "-m", "launcher.execute.jobstep", "--max-restarts", str(b.max_restarts),
             "--stall-timeout", f"{b.stall_timeout_s:g}", "--slots", str(b.slots),
-            "--hostfile", f"{b.output}/{HOSTFILE}", "--ssh-config", b.ssh_config, "--output", b.output, "--",
+            "--hostfile", f"{b.output}/{HOSTFILE}", "--output", b.output,
+            *(["--shared-memory-gib", f"{b.shared_memory_gib:.1f}"] if b.shared_memory_gib else []), "--",
             *b.mpirun]
     return "\n".join([
         "#!/bin/bash",
@@ -242,9 +256,32 @@ def batch_script(b: BatchJob) -> str:
         "#SBATCH --open-mode=append",
         f"#SBATCH --chdir={b.output}",
         f"#SBATCH --output={b.output}/{OUTPUT_FILE}",
+        *([f"#SBATCH --comment={TEARDOWN_COMMENT}"] if b.teardown else []),
         "# Submitted by `launch train`; the cluster owns this run: it outlives the launcher, and Slurm requeues it",
         "# when a node is lost. Follow it with `launch logs ID -f`, stop it with `launch cancel ID`.",
         "exec " + " ".join(q(a) for a in step),
+        ""])
+
+
+TEARDOWN_COMMENT = "scaletrain:teardown"    # a job whose end takes the cluster down (launch train --teardown)
+EPILOG_PATH = "/etc/slurm/epilog-teardown.sh"
+TEARDOWN_MARKER = "scaletrain/.teardown"     # under the shared mount: the local cluster's keeper acts on it
+
+
+def epilog_script(*, action: list[str]) -> str:
+    """EpilogSlurmctld: slurmctld runs it on the head node when any job ends (slurm.conf(5)), with the job's
+    SLURM_JOB_ID and SLURM_JOB_COMMENT in its environment (https://slurm.schedmd.com/prolog_epilog.html). For a job
+    submitted with --teardown, once it has really ended (not when it is being requeued: a requeued job is pending
+    again), it runs ``action``: on AWS moving the stack's TTL parameter to now, so that the TTL guard deletes the
+    stack; on the local cluster writing the marker the keeper acts on. No launcher needs to be attached."""
+    return "\n".join([
+        "#!/bin/bash",
+        "# Rendered by launcher/plans/slurm.py (epilog_script).",
+        f'[ "${{SLURM_JOB_COMMENT:-}}" = {TEARDOWN_COMMENT} ] || exit 0',
+        'state=$(scontrol --oneliner show job "$SLURM_JOB_ID" 2>/dev/null | grep -o "JobState=[A-Z_]*")',
+        'case "$state" in JobState=PENDING|JobState=REQUEUE*) exit 0 ;; esac',
+        *action,
+        "exit 0",
         ""])
 
 
