@@ -71,7 +71,7 @@ def test_fresh_ports_are_distinct_free_and_avoid_the_old_ones():
 
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen")
 def test_fingerprint_is_openssh_s(tmp_path):
-    pub = local._keygen(tmp_path / "key", "test")
+    pub = local.keygen(tmp_path / "key", "test")
     out = subprocess.run(["ssh-keygen", "-lf", str(tmp_path / "key.pub")], capture_output=True, text=True,
                          check=True).stdout
     assert local.fingerprint(pub) == out.split()[1]

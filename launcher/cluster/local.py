@@ -109,7 +109,7 @@ def _stop_pids(pids: dict[str, int], directory: Path, timeout: float = 5.0) -> N
             os.waitpid(pid, os.WNOHANG)
 
 
-def _keygen(path: Path, comment: str) -> str:
+def keygen(path: Path, comment: str) -> str:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
                    check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     return Path(f"{path}.pub").read_text()
@@ -153,7 +153,7 @@ def _start_node(d: Path, cluster: str, node: str, role: str, port: int, user: st
     nd = d / "nodes" / node
     workdir = nd / "work"
     workdir.mkdir(parents=True)
-    host_pub = _keygen(nd / "ssh_host_ed25519_key", f"scaletrain-{cluster}-{node}")
+    host_pub = keygen(nd / "ssh_host_ed25519_key", f"scaletrain-{cluster}-{node}")
     cfg = nd / "sshd_config"
     cfg.write_text(render.sshd_config(
         cluster, node, port=port, host_key=str(nd / "ssh_host_ed25519_key"), pid_file=str(nd / "sshd.pid"),
@@ -189,7 +189,7 @@ def ssh_files(cluster: Cluster, host_keys: dict[str, str]) -> tuple[str, str]:
     return config, render.known_hosts([(n.address, n.port, host_keys[n.name]) for n in cluster.nodes])
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -249,7 +249,7 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
     d.mkdir(parents=True, mode=0o700)
     user = getpass.getuser()
     identity = d / "id_ed25519"
-    user_pub = _keygen(identity, f"scaletrain-{name}")
+    user_pub = keygen(identity, f"scaletrain-{name}")
     (d / "authorized_keys").write_text(user_pub)
     cpus = cpus_per_node(os.cpu_count() or 1, len(roles))
 
@@ -341,8 +341,8 @@ def replace(cluster: Cluster, requested: list[str]) -> tuple[Cluster, list[Repla
         keys = {n: started[n][1] if n in started else (d / "nodes" / n / "ssh_host_ed25519_key.pub").read_text()
                 for n in new.names()}
         config, known = ssh_files(new, keys)
-        _write_atomic(Path(new.known_hosts), known)
-        _write_atomic(Path(new.ssh_config), config)
+        write_atomic(Path(new.known_hosts), known)
+        write_atomic(Path(new.ssh_config), config)
         save(new)
     except BaseException:
         _stop_pids({n: s[2].pid for n, s in started.items()}, d)
@@ -351,7 +351,7 @@ def replace(cluster: Cluster, requested: list[str]) -> tuple[Cluster, list[Repla
             if name in parked:
                 parked[name].rename(d / "nodes" / name)
         for path, text in files.items():
-            _write_atomic(path, text)
+            write_atomic(path, text)
         raise
     for park in parked.values():
         shutil.rmtree(park, ignore_errors=True)

@@ -26,7 +26,7 @@ from launcher import render
 from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, keeper, load, save
 from launcher.cluster import rehearsal as rh
 from launcher.cluster import rehearsal_nodes as nodes_
-from launcher.cluster.local import _keygen, _write_atomic, cpus_per_node, node_names
+from launcher.cluster.local import cpus_per_node, keygen, node_names, write_atomic
 from launcher.errors import LaunchError
 from launcher.plans import rehearsal as plan
 from launcher.plans import slurm
@@ -48,7 +48,7 @@ def _record(d: Path, *, bridge: str | None = None, node: plan.NodeNet | None = N
         rec["nodes"][node.name] = {"netns": node.netns, "veth": node.veth}
     if keeper:
         rec["keeper"] = keeper
-    _write_atomic(d / RECORD, json.dumps(rec, indent=1))
+    write_atomic(d / RECORD, json.dumps(rec, indent=1))
 
 
 def _start_keeper(d: Path, name: str) -> None:
@@ -159,10 +159,10 @@ def _access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
 
     d = Path(c.ssh_config).parent
     every = [*c.nodes, *([c.head] if c.head else [])]
-    _write_atomic(Path(c.ssh_config), render.ssh_config(c.name, [(n.name, n.address, n.port) for n in every],
+    write_atomic(Path(c.ssh_config), render.ssh_config(c.name, [(n.name, n.address, n.port) for n in every],
                                                         user=c.user, identity_file=str(d / "id_ed25519"),
                                                         known_hosts=c.known_hosts))
-    _write_atomic(Path(c.known_hosts), access.known_hosts_aws([([n.address], keys[n.name]) for n in every]))
+    write_atomic(Path(c.known_hosts), access.known_hosts_aws([([n.address], keys[n.name]) for n in every]))
     aws.write_node_access_files(c, keys)
 
 
@@ -188,7 +188,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         user = getpass.getuser()
         # Both public keys go on every node as it boots, as SSM installs them on EC2 (aws.install_keys): the
         # launcher's, and the nodes' own, which mpirun on node0 uses to start the others.
-        user_pub = _keygen(d / "id_ed25519", f"scaletrain-{name}") + _keygen(d / "node_ed25519",
+        user_pub = keygen(d / "id_ed25519", f"scaletrain-{name}") + keygen(d / "node_ed25519",
                                                                             f"scaletrain-nodes-{name}")
         shared = d / "shared"
         shared.mkdir(mode=0o755)
