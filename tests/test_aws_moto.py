@@ -44,11 +44,13 @@ def env(monkeypatch, tmp_path):
 
 
 def deploy(name: str = "c1", *, workers: int = 2, reducers: int = 0, instance_type: str = "p4d.24xlarge",
-           groups: list[dict] | None = None) -> None:
+           groups: list[dict] | None = None, head: bool = False, storage: str = "beegfs") -> None:
     """A stack with the outputs the launcher reads, and Auto Scaling groups that really launch instances.
 
     ``groups``: the NodeGroups output as the stack writes it (roles, types, counts, transports, EFA devices); by
-    default a worker group of ``workers`` and a c5n reducer group of ``reducers``, both on EFA."""
+    default a worker group of ``workers`` and a c5n reducer group of ``reducers``, both on EFA. ``head``: the Slurm
+    head node as infra/head.py makes it (an instance tagged scaletrain:role=head, the HeadNode output); ``storage``:
+    beegfs, or fsx (an FSx mount at /fsx), or none."""
     if groups is None:
         groups = [{"role": role, "group_name": f"{name}-{role}", "instance_type": itype, "nodes": count,
                    "transport": "efa", "efa_devices": []}
@@ -74,13 +76,25 @@ def deploy(name: str = "c1", *, workers: int = 2, reducers: int = 0, instance_ty
     # The cost guard's expiry, where infra's stack keeps it (infra.ttl) and `launch status --extend-ttl` writes it.
     resources["TtlExpiry"] = {"Type": "AWS::SSM::Parameter", "Properties": {
         "Name": ttl.parameter_name(name), "Type": "String", "Value": "2030-01-01T00:00:00Z"}}
+    if head:
+        resources["HeadInstance"] = {"Type": "AWS::EC2::Instance", "Properties": {
+            "ImageId": image, "InstanceType": "m5.large", "SubnetId": subnet,
+            "Tags": [{"Key": "scaletrain:cluster", "Value": name}, {"Key": "scaletrain:role", "Value": "head"}]}}
+    fsx = {"type": "fsx", "file_system_id": "fs-0123456789abcdef0", "mount_name": "abcdefgh", "mount_point": "/fsx",
+           "dns_name": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mount_options": "relatime,flock",
+           "capacity_gib": 1200, "deployment_type": "SCRATCH_2"}
+    mount = {"beegfs": beegfs_layout(catalog.get(instance_type), reducers=reducers), "none": {}, "fsx": fsx}[storage]
     outputs = {"ClusterName": name, "InstanceType": instance_type, "NodeGroups": json.dumps(groups),
-               "Storage": "beegfs",
-               "StorageMount": json.dumps(beegfs_layout(catalog.get(instance_type), reducers=reducers)),
+               "Storage": storage, "StorageMount": json.dumps(mount),
                "DataBucket": "none", "TtlHours": "24", "TtlExpiresAt": "2030-01-01T00:00:00Z",
                "TtlParameterName": ttl.parameter_name(name), "TtlScheduleName": f"{name}-ttl",
                "TtlScheduleGroup": "default"}
     template = {"Resources": resources, "Outputs": {k: {"Value": v} for k, v in outputs.items()}}
+    if head:  # infra/head.py's description, as CloudFormation resolves it (Fn::Join of the JSON around the tokens)
+        template["Outputs"]["HeadNode"] = {"Value": {"Fn::Join": ["", [
+            '{"instance_id":"', {"Ref": "HeadInstance"}, '","private_ip":"',
+            {"Fn::GetAtt": ["HeadInstance", "PrivateIp"]},
+            '","host_name":"ip-head","instance_type":"m5.large","slurmctld_port":6817}']]}}
     boto3.client("cloudformation").create_stack(StackName=name, TemplateBody=json.dumps(template))
     boto3.client("scheduler").create_schedule(
         Name=f"{name}-ttl", ScheduleExpression="rate(15 minutes)", FlexibleTimeWindow={"Mode": "OFF"},

@@ -157,6 +157,11 @@ class Cluster(BaseModel):
     def reducers(self) -> list[Node]:
         return [n for n in self.nodes if n.role == "reducer"]
 
+    @property
+    def machines(self) -> list[Node]:
+        """Every machine the launcher reaches: the nodes, then the head node when there is one."""
+        return [*self.nodes, *([self.head] if self.head else [])]
+
     def node(self, name: str) -> Node:
         for n in self.nodes:
             if n.name == name:

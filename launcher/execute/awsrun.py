@@ -32,8 +32,8 @@ from launcher.plans.dataprep import ConvertSpec
 
 T = TypeVar("T")
 
-__all__ = ["connect_ready", "install_node_access", "prepare_storage", "shared_root", "ssh_probe", "stage_data",
-           "with_teardown"]
+__all__ = ["as_slurm_job", "connect_ready", "head_storage_plan", "install_node_access", "prepare_storage",
+           "shared_root", "ssh_probe", "stage_data", "with_teardown"]
 
 
 def say(text: str) -> None:
@@ -54,8 +54,9 @@ def connect_ready(sess: boto3.Session, stack: str, *, profile: str | None = None
                   probe: aws.Probe | None = None,
                   agent: Callable[[list[str]], set[str]] | None = None, clock=None, sleep=None,
                   on_progress: Callable[[list[readiness.Verdict]], None] | None = show_progress) -> Cluster:
-    """Discover the stack and wait until every node is ready; on the way, let the launcher's key in over SSM on each
-    node as soon as its agent answers (a node discovered later, such as an Auto Scaling group's replacement, too)."""
+    """Discover the stack and wait until every node (and the head node) is ready; on the way, let the launcher's key
+    in over SSM on each as soon as its agent answers (a node discovered later, such as an Auto Scaling group's
+    replacement, too)."""
     console = console or aws.ConsoleReader(sess, say=say)  # one reader: a Xen console's note is said once
     c = aws.discover_cluster(sess, stack, profile=profile, console=console)
     state = {"cluster": c}
@@ -63,10 +64,10 @@ def connect_ready(sess: boto3.Session, stack: str, *, profile: str | None = None
 
     def gather() -> list[readiness.NodeFacts]:
         cur = state["cluster"]
-        unpinned = [n for n in cur.nodes if n.name not in _pinned(cur)]
+        unpinned = [n for n in cur.machines if n.name not in _pinned(cur)]
         if unpinned:  # host keys appear on the console late in the first boot: discover again to pin them
             cur = state["cluster"] = aws.discover_cluster(sess, stack, profile=profile, console=console)
-        online = (agent or (lambda ids: aws.ssm_online(sess, ids)))([n.instance_id for n in cur.nodes
+        online = (agent or (lambda ids: aws.ssm_online(sess, ids)))([n.instance_id for n in cur.machines
                                                                      if n.instance_id])
         done = aws.install_keys(sess, cur, online=online, **timing)
         if done:
@@ -80,15 +81,18 @@ def connect_ready(sess: boto3.Session, stack: str, *, profile: str | None = None
 
 def _pinned(c: Cluster) -> set[str]:
     text = Path(c.known_hosts).read_text() if Path(c.known_hosts).is_file() else ""
-    reach = {n.instance_id: n.name for n in c.nodes if n.instance_id}
+    reach = {n.instance_id: n.name for n in c.machines if n.instance_id}
     return {reach[line.split(" ", 1)[0].split(",")[0]] for line in text.splitlines()
             if line.split(" ", 1)[0].split(",")[0] in reach}
 
 
-def with_teardown(sess: boto3.Session, stack: str, teardown: bool, body: Callable[[], T]) -> T:
+def with_teardown(sess: boto3.Session, stack: str, teardown: bool, body: Callable[[], T], *,
+                  instead: Callable[[], str | None] = lambda: None) -> T:
     """``body()``, then, when ``teardown``, delete the stack even if body failed or was interrupted (Ctrl-C).
 
-    A teardown failure after the body failed is reported as a warning line; the body's error stays the verdict.
+    ``instead``, asked after body: None to delete the stack here; else the cluster ends it itself (a Slurm job's
+    epilog, see :func:`as_slurm_job`) and the line to say so ("": said already). A teardown failure after the body
+    failed is reported as a warning line; the body's error stays the verdict.
     """
     failed = False
     try:
@@ -97,13 +101,39 @@ def with_teardown(sess: boto3.Session, stack: str, teardown: bool, body: Callabl
         failed = True
         raise
     finally:
-        if teardown:
+        line = instead() if teardown else None
+        if line:
+            say(line)
+        if teardown and line is None:
             try:
                 aws.teardown(sess, stack, say=say)
             except LaunchError as e:
                 if not failed:
                     raise
                 say(f"warning: --teardown: {e}")
+
+
+def as_slurm_job(c: Cluster, output: str, run: Callable[[], None], handover: dict[str, str | None]) -> None:
+    """``run()``, the run as a Slurm job on the head node (`launch train`'s _on_slurm: submit, follow, report), and in
+    ``handover["line"]`` who ends the stack after --teardown (for :func:`with_teardown`'s ``instead``): once a job for
+    ``output`` was submitted, its epilog does (the launcher leaves the stack, even when it stopped following: the job
+    is the cluster's); before that, the launcher (None). The head node is asked which jobs it has before and, when
+    ``run`` fails, after."""
+    from launcher.cluster.aws import lifecycle
+    from launcher.execute import slurmjobs
+
+    before = {j.id for j in slurmjobs.jobs(c)}  # also shows Slurm's controller answers before anything is submitted
+    try:
+        run()
+    except BaseException:
+        try:
+            job = lifecycle.new_job(before, [(j.id, j.output) for j in slurmjobs.jobs(c)], output)
+        except Exception as e:  # whatever asking raised, the run's own error stays the verdict
+            handover["line"] = lifecycle.teardown_unknown(c.name, str(e).splitlines()[0] if str(e) else repr(e))
+        else:
+            handover["line"] = lifecycle.teardown_left_to_job(c.name, job) if job else None
+        raise
+    handover["line"] = ""  # the job ended and its epilog took the stack down; _on_slurm said so
 
 
 def _on_nodes(c: Cluster, scripts: dict[str, str], what: str, *, sudo: bool) -> None:
@@ -113,8 +143,9 @@ def _on_nodes(c: Cluster, scripts: dict[str, str], what: str, *, sudo: bool) -> 
         code, _ = remote.check(c, node, cmd)
         return node.name, code
 
+    by_name = {n.name: n for n in c.machines}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, max(1, len(scripts)))) as pool:
-        done = list(pool.map(lambda item: one(c.node(item[0]), item[1]), scripts.items()))
+        done = list(pool.map(lambda item: one(by_name[item[0]], item[1]), scripts.items()))
     failed = [f"{name} (exit {code})" for name, code in done if code != 0]
     if failed:
         raise LaunchError(f"{what} failed on {', '.join(failed)}")
@@ -147,16 +178,38 @@ def install_node_access(c: Cluster) -> None:
 
 
 def prepare_storage(c: Cluster) -> None:
-    """BeeGFS or FSx set-up, phase by phase (a no-op with storage 'none')."""
+    """BeeGFS or FSx set-up, phase by phase (a no-op with storage 'none'); then the head node's mount, once the
+    servers are up."""
     assert c.aws is not None
     secret_file = Path(c.ssh_config).parent / "beegfs-secret"
     if not secret_file.is_file():
         secret_file.write_text(secrets.token_hex(32))
         secret_file.chmod(0o600)
-    phases = storage.storage_plan(c.aws.storage, c.workers, c.reducers, secret=secret_file.read_text())
-    for phase in phases:
+    secret = secret_file.read_text()
+    phases = storage.storage_plan(c.aws.storage, c.workers, c.reducers, secret=secret)
+    for phase in [*phases, *head_storage_plan(c, secret=secret)]:
         say(f"storage: {phase.name} on {', '.join(phase.scripts)}")
         _on_nodes(c, phase.scripts, f"storage set-up ({phase.name})", sudo=True)
+
+
+def head_storage_plan(c: Cluster, *, secret: str) -> list[storage.Phase]:
+    """The head node mounts the shared storage as one more client, at the same path: Slurm's jobs keep their batch
+    script and output in the run directory there, which `launch train` and `launch logs` read on the head node. A
+    client only (no BeeGFS server: the StorageMount output's roles place those on workers), so its scripts are the
+    nodes' plan's with the head among the clients, taken for the head alone. None without a head node or storage."""
+    if c.head is None or c.aws is None:
+        return []
+    head, mount = c.head, c.aws.storage
+    if mount.get("type") == "fsx":
+        return storage.fsx_plan(mount, [head])
+    if mount.get("type") != "beegfs":
+        return []
+    # beegfs_plan places clients by ROLE:INDEX over workers and reducers; the head goes after the reducers, so no
+    # entry the stack wrote shifts, and "reducer:*" among the clients takes it in.
+    roles = mount["roles"]
+    with_head = {**mount, "roles": {**roles, "client": [*roles["client"], "reducer:*"]}}
+    phases = storage.beegfs_plan(with_head, c.workers, [*c.reducers, head], secret=secret)
+    return [storage.Phase(p.name, {head.name: p.scripts[head.name]}) for p in phases if head.name in p.scripts]
 
 
 def shared_root(c: Cluster) -> str | None:

@@ -156,18 +156,18 @@ def ssm_online(sess: boto3.Session, instance_ids: list[str]) -> set[str]:
 
 
 def _keypair(directory: Path, name: str, comment: str) -> str:
-    from launcher.cluster.local import _keygen
+    from launcher.cluster.local import keygen
 
     path = directory / name
-    return Path(f"{path}.pub").read_text() if path.is_file() else _keygen(path, comment)
+    return Path(f"{path}.pub").read_text() if path.is_file() else keygen(path, comment)
 
 
 def discover_cluster(sess: boto3.Session, stack: str, *, profile: str | None = None,
                      console: Callable[[str], list[str]] | None = None) -> Cluster:
     """Read the stack and its instances, write the cluster's keys, ssh_config and known_hosts, and save it.
 
-    ``console``: instance id -> host keys (default: a ConsoleReader, EC2 GetConsoleOutput). A node whose console shows
-    no key yet is listed without one and cannot be reached until a later discovery pins it.
+    ``console``: instance id -> host keys (default: a ConsoleReader, EC2 GetConsoleOutput). A node (or head node)
+    whose console shows no key yet is listed without one and cannot be reached until a later discovery pins it.
     """
     outputs = stack_outputs(sess, stack)
     outputs = outputs.model_copy(update={"ttl_expires_at": current_expiry(sess, stack, outputs.ttl_expires_at)})
@@ -181,21 +181,22 @@ def discover_cluster(sess: boto3.Session, stack: str, *, profile: str | None = N
                                ssh_config=str(d / "ssh_config"), known_hosts=str(d / "known_hosts"),
                                software=software)
     read_keys = console or ConsoleReader(sess)
-    keys = {n.name: read_keys(n.instance_id or "") for n in c.nodes}
+    keys = {n.name: read_keys(n.instance_id or "") for n in c.machines}
     write_access_files(c, keys)
     save(c)
     return c
 
 
 def write_access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
-    """The launcher's ssh_config and known_hosts, and the nodes' copies beside them (node_*), from pinned keys."""
+    """The launcher's ssh_config and known_hosts (the nodes and the head node, all through SSM), and the nodes' copies
+    beside them (node_*), from pinned keys."""
     assert c.aws is not None
     d = Path(c.ssh_config).parent
-    pinned = [n for n in c.nodes if keys.get(n.name)]
-    cfg = access.ssh_config_ssm(c.name, [(n.name, n.instance_id or "") for n in c.nodes], user=c.user,
+    pinned = [n for n in c.machines if keys.get(n.name)]
+    cfg = access.ssh_config_ssm(c.name, [(n.name, n.instance_id or "") for n in c.machines], user=c.user,
                                 identity_file=str(d / "id_ed25519"), known_hosts=c.known_hosts,
                                 region=c.aws.region, profile=c.aws.profile)
-    reach = {n.name: [n.instance_id or n.name] for n in c.nodes}
+    reach = {n.name: [n.instance_id or n.name] for n in c.machines}
     Path(c.ssh_config).write_text(cfg)
     Path(c.known_hosts).write_text(access.known_hosts_aws([(reach[n.name], keys[n.name]) for n in pinned]))
     write_node_access_files(c, keys)
@@ -264,12 +265,13 @@ def _send_keys(ssm, c: Cluster, batch: list[tuple[str, str]], script: str, *, de
 def install_keys(sess: boto3.Session, c: Cluster, *, online: set[str], timeout_s: float = KEY_INSTALL_TIMEOUT_S,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
                  ) -> list[str]:
-    """Send both public keys (the launcher's, the nodes' own) with SSM RunShellScript to every node whose agent is
-    ``online`` and whose instance has not got them yet (a replacement instance too), wait until each invocation has
-    ended, and record the instances that succeeded; the names of the nodes done now. Any node whose invocation did
-    not end in Success (or had not ended by the deadline) is one error line naming it, its status and stderr."""
+    """Send both public keys (the launcher's, the nodes' own) with SSM RunShellScript to every node (and the head
+    node) whose agent is ``online`` and whose instance has not got them yet (a replacement instance too), wait until
+    each invocation has ended, and record the instances that succeeded; the names of the nodes done now. Any node
+    whose invocation did not end in Success (or had not ended by the deadline) is one error line naming it, its
+    status and stderr."""
     installed = keys_installed(c)
-    targets = access.key_install_targets([(n.name, n.instance_id or "") for n in c.nodes], installed=installed,
+    targets = access.key_install_targets([(n.name, n.instance_id or "") for n in c.machines], installed=installed,
                                          online=online)
     if not targets:
         return []
@@ -325,15 +327,15 @@ Probe = Callable[[Cluster, list[Node]], dict[str, tuple[bool, str, str]]]
 
 def gather_facts(sess: boto3.Session, c: Cluster, *, probe: Probe,
                  agent: Callable[[list[str]], set[str]] | None = None) -> list[readiness.NodeFacts]:
-    """EC2 state and SSM ping from AWS, then ``probe`` (node -> (ssh ok, PROBE output, error)) on the nodes that are
-    running with their agent online: no SSH attempt where it cannot succeed yet."""
+    """EC2 state and SSM ping from AWS, then ``probe`` (node -> (ssh ok, PROBE output, error)) on the nodes (and the
+    head node) that are running with their agent online: no SSH attempt where it cannot succeed yet."""
     state = {i.instance_id: i.state for i in cluster_instances(sess, c.name)}
-    ids = [n.instance_id for n in c.nodes if n.instance_id]
+    ids = [n.instance_id for n in c.machines if n.instance_id]
     online = (agent or (lambda x: ssm_online(sess, x)))(ids)
-    reachable = [n for n in c.nodes if state.get(n.instance_id or "") == "running" and n.instance_id in online]
+    reachable = [n for n in c.machines if state.get(n.instance_id or "") == "running" and n.instance_id in online]
     probed = probe(c, reachable) if reachable else {}
     facts = []
-    for n in c.nodes:
+    for n in c.machines:
         ok, text, error = probed.get(n.name, (False, "", "not probed"))
         p = readiness.parse_probe(text) if ok else {}
         facts.append(readiness.NodeFacts(

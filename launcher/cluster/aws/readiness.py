@@ -60,8 +60,10 @@ def parse_probe(text: str) -> dict[str, str]:
 
 def expected_devices(c: Cluster) -> dict[str, tuple[int, int]]:
     """Per node, (GPUs, EFA devices) it must show: its GPUs (the catalog's, as discovery recorded them) and the EFA
-    devices of its node group's interfaces (the stack's NodeGroups output), never more than the group was given."""
-    return {n.name: (n.gpus, n.efa_devices if n.transport == "efa" else 0) for n in c.nodes}
+    devices of its node group's interfaces (the stack's NodeGroups output), never more than the group was given. The
+    head node is waited for too (running, agent, SSH, cloud-init: its boot starts Slurm's controller) and must show
+    neither: it runs no rank, and discovery records it with no GPU, on TCP."""
+    return {n.name: (n.gpus, n.efa_devices if n.transport == "efa" else 0) for n in c.machines}
 
 
 def verdict(facts: NodeFacts, *, gpus: int, efa: int) -> Verdict:
