@@ -213,13 +213,31 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                       highlight=False)
         return ready()
 
-    def on_aws() -> None:
-        found = ready()
-        first = found.select_workers(nodes)[0]
-        out = output or f"{awsrun.shared_root(found) or first.workdir}/runs/{stamp}"
-        body(found, out, awsrun.stage_data(found, found.select_workers(nodes), data) if data else "", replaced)
+    handover: dict[str, str | None] = {"line": None}  # who ends the stack after --teardown (awsrun.as_slurm_job)
 
-    awsrun.with_teardown(sess, stack, teardown, on_aws)
+    def on_aws() -> None:
+        from launcher.cluster.aws import lifecycle
+
+        found = ready()
+        chosen = found.select_workers(nodes)
+        path = lifecycle.run_path(found, engine=engine, reducers=reducers)
+        if path.note:
+            awsrun.say(path.note)
+        staged = awsrun.stage_data(found, chosen, data) if data else ""
+        if not path.slurm:
+            body(found, output or f"{awsrun.shared_root(found) or chosen[0].workdir}/runs/{stamp}", staged, replaced)
+            return
+        # A stack with a head node runs the job as the local cluster with Slurm does: the cluster owns it, and with
+        # --teardown the job's epilog takes the stack down (as_slurm_job tells with_teardown).
+        out = output or f"{awsrun.shared_root(found)}/runs/{stamp}"
+        spec = job.TrainSpec(data=staged, output="", model=model, image_size=image_size, epochs=epochs,
+                             batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers, resume=resume,
+                             engine=engine, reducers=reducers, extra_args=tuple(trainer_args or ()))
+        awsrun.as_slurm_job(found, out, lambda: _on_slurm(
+            found, nodes=nodes, data=staged, output=out, teardown=teardown, max_restarts=max_restarts,
+            stall_timeout=stall_timeout, region=region, checkpoint_to=checkpoint_to, spec=spec), handover)
+
+    awsrun.with_teardown(sess, stack, teardown, on_aws, instead=lambda: handover["line"])
 
 
 def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, output: str, teardown: bool,
