@@ -102,8 +102,9 @@ def main(name: str) -> int:
         say(f"lost: {', '.join(lost)} (its first process ended); replacing")
         try:
             new, _ = local_rehearsal.replace(c, lost)
-        except (LaunchError, OSError) as e:
-            say(f"replacing {', '.join(lost)} failed: {e}; trying again")
+        except Exception as e:  # noqa: BLE001 -- an Auto Scaling group keeps trying; so does the keeper
+            say(f"replacing {', '.join(lost)} failed: {type(e).__name__}: {e}; trying again")
+            time.sleep(INTERVAL_S)
             continue
         for n in lost:
             say(f"{n} replaced: {new.node(n).address}, in {time.monotonic() - started:.1f} s")
