@@ -13,7 +13,7 @@ from rich.table import Table
 from launcher import cluster as clusters
 from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, err, target
 from launcher.cluster import local
-from launcher.errors import LaunchError
+from launcher.errors import Detached, LaunchError
 from launcher.execute import remote, run
 from launcher.plans import job
 
@@ -141,7 +141,8 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
             used = chosen + c.reducers[:reducers]
             # Which nodes still answer: a node that went away is the likeliest cause, and mpirun may not name it.
             silent = {r.node: r.error or f"exit {r.exit_code}" for r in remote.run_all(c, used, "true") if not r.ok}
-            why = result.stopped or faults.diagnose(result.lines, used, silent) \
+            why = result.stopped or faults.diagnose(result.lines, used, silent,
+                                                    shared_memory_gib=_shared_memory_gib(c)) \
                 or f"mpirun on {chosen[0].name} exited {result.exit_code}"
             at = restarts.progress(result.lines)
             lost = restarts.lost_nodes(result.lines, silent, [n.name for n in used])
@@ -271,13 +272,11 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
 
     train_images = sum(s["count"] for s in json.loads(text)["shards"] if s["split"] == "train")
     fabric_env, mca = run.fabric_settings(c, first)
-    # mpirun inside the allocation starts its daemons over SSH as it does without Slurm (Open MPI 4.1 would pick
-    # srun under an allocation): the same, tested path on every cluster.
-    argv = job.launch_argv(c, chosen, [], spec, f"{output}/{slurm.HOSTFILE}", fabric_env=fabric_env,
-                           mca=[*mca, ("plm", "rsh")])
+    argv = slurm.job_mpirun(c, chosen, spec, fabric_env=fabric_env, mca=mca)
     script = slurm.batch_script(slurm.BatchJob(
         name=f"scaletrain-{spec.model}", nodes=len(chosen), slots=first.slots, output=output, python=c.python,
-        mpirun=tuple(argv), ssh_config=c.mpi_ssh_config, max_restarts=max_restarts, stall_timeout_s=stall_timeout))
+        mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
+        shared_memory_gib=_shared_memory_gib(c)))
     seen: list[str] = []
 
     def write(text: str) -> None:
@@ -293,21 +292,29 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
         ended = slurmjobs.follow(c, job_id, write=write)
     except KeyboardInterrupt:
         console.print(f"\n{slurmjobs.detached(job_id, c.name)}", markup=False, highlight=False)
-        raise typer.Exit(130) from None
-    try:
-        if ended.state != "succeeded":
-            said = [ln for ln in seen if ln.startswith("error: ")]
-            raise LaunchError(f"job {job_id} {ended.state} ({ended.slurm_state}, exit {ended.exit_code})"
-                              + (f": {said[-1][len('error: '):]}" if said else "") + f"; run directory {output}")
-        rc, text = remote.check(c, first, f"cat {shlex.quote(output)}/summary.json 2>/dev/null")
-        summary = json.loads(text) if rc == 0 and text.strip() else None
-        if ended.restarts:
-            console.print(f"[launch] Slurm restarted the job {ended.restarts} time(s); each resumed from the newest "
-                          f"complete checkpoint", markup=False, highlight=False)
-        _report(chosen, spec, run.RunResult(0, output, train_images, summary, seen), c)
-    finally:
-        if teardown:
-            _teardown(c)
+        raise Detached from None
+    if teardown:  # the job's epilog does it on the cluster's side (plans/slurm.epilog_script)
+        console.print(f"the cluster takes itself down now that job {job_id} has ended (--teardown)", markup=False,
+                      highlight=False)
+    if ended.state != "succeeded":
+        said = [ln for ln in seen if ln.startswith("error: ")]
+        raise LaunchError(f"job {job_id} {ended.state} ({ended.slurm_state}, exit {ended.exit_code})"
+                          + (f": {said[-1][len('error: '):]}" if said else "") + f"; run directory {output}")
+    rc, text = remote.check(c, first, f"cat {shlex.quote(output)}/summary.json 2>/dev/null")
+    summary = json.loads(text) if rc == 0 and text.strip() else None
+    if ended.restarts:
+        console.print(f"[launch] Slurm restarted the job {ended.restarts} time(s); each resumed from the newest "
+                      f"complete checkpoint", markup=False, highlight=False)
+    _report(chosen, spec, run.RunResult(0, output, train_images, summary, seen), c)
+
+
+def _shared_memory_gib(c: clusters.Cluster) -> float | None:
+    """The memory every node of a local cluster shares (this machine's), for faults.diagnose; None on AWS."""
+    import os
+
+    if c.backend != "local":
+        return None
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
 def _fetch_record(c: clusters.Cluster, first: clusters.Node, out: str, *, newest_checkpoint: bool) -> None:
