@@ -16,6 +16,7 @@ import pytest
 from clusterutil import (
     SHARDS,
     TINY,
+    alive,
     assert_one_line_error,
     cluster_state,
     launch,
@@ -43,7 +44,7 @@ def home(tmp_path_factory):
         record = home / "clusters/local/rehearsal.json"
         keeper = json.loads(record.read_text())["keeper"] if record.exists() else None
         launch(home, "local", "down")
-        assert keeper is None or not Path(f"/proc/{keeper}").exists(), "the keeper outlived `launch local down`"
+        assert keeper is None or not alive(keeper), "the keeper outlived `launch local down`"
 
 
 def jobs(home: Path) -> list[dict]:
@@ -205,6 +206,6 @@ def test_teardown_is_the_clusters_own_when_the_job_ends(home):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "takes itself down" in proc.stdout and "run finished" in proc.stdout
     wait_for(lambda: not (home / "clusters/local").exists(), 120)
-    assert not Path(f"/proc/{keeper}").exists()
+    wait_for(lambda: not alive(keeper), 30)  # it exits once the cluster is down (a zombie counts as gone)
     netns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
     assert not netns & set(state["rehearsal"]["netns"].values())
