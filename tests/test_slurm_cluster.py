@@ -91,6 +91,10 @@ def test_nodes_registered_themselves_with_the_controller(home):
     assert state["head"]["name"] == "head" and state["head"]["role"] == "head"
     proc = launch(home, "exec", "--", "true", check=False)  # the nodes answer; the head is no rank's node
     assert proc.returncode == 0, proc.stderr
+    assert "[head]" not in proc.stdout
+    head = launch(home, "ssh", "--cluster", "local", "head", "hostname; sinfo --noheader -o '%n %T'", check=True)
+    lines = head.stdout.split("\n")
+    assert lines[0] == "head" and sorted(lines[1:3]) == ["node0 idle", "node1 idle"], head.stdout
     # The munge key is the cluster's (made by `launch local up`, as the stack's secret is), not the image's.
     key = (home / "clusters/local/munge.key").read_bytes()
     assert len(key) == 1024

@@ -245,12 +245,12 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
 
 
 @app.command("ssh", context_settings={"allow_interspersed_args": False})
-def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ...)."),
+def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ..., head)."),
             command: list[str] = typer.Argument(None, help="Command to run instead of a login shell."),
             cluster: str = ClusterOpt):
     """Open an SSH session on one node (through SSM Session Manager on AWS), host keys pinned."""
     c = clusters.load(cluster)
-    c.node(node)
+    c.machine(node)
     argv = ssh_argv(c.ssh_config, node, command or [])
     os.execvp(argv[0], argv)
 

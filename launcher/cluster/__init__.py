@@ -168,6 +168,14 @@ class Cluster(BaseModel):
                 return n
         raise LaunchError(f"no node '{name}' in cluster '{self.name}'; nodes: {', '.join(self.names())}")
 
+    def machine(self, name: str) -> Node:
+        """A node or the head node by name (`launch ssh`, `launch local kill` reach both)."""
+        for n in self.machines:
+            if n.name == name:
+                return n
+        raise LaunchError(f"no node '{name}' in cluster '{self.name}'; nodes: "
+                          f"{', '.join(n.name for n in self.machines)}")
+
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 

@@ -380,7 +380,7 @@ def kill(cluster: Cluster, node: str) -> None:
     """Stop one node as a reclaimed instance stops: every process at once, SIGKILL, no clean shutdown. A rehearsal
     node's first process takes its PID namespace, and every process in it, with it; a loopback node's sshd and
     everything under it are killed together. Its disk stays, as an instance's does until it is replaced."""
-    cluster.node(node)  # an unknown name is one line naming the nodes there are
+    cluster.machine(node)  # an unknown name is one line naming the nodes there are (the head node is one)
     if node not in running_nodes(cluster):
         raise LaunchError(f"{node} of cluster '{cluster.name}' is not running; `launch local replace {node}` "
                           f"boots it again")
