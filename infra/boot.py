@@ -123,7 +123,9 @@ def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: in
     (Fn::GetAtt PrivateIp, see :func:`node_script`).
     """
     conf = slurm.slurm_conf(slurm.SlurmCluster(name=cluster_name, controller=_HEAD_HOST, controller_addr=_HEAD_ADDR,
-                                               max_nodes=max_nodes, epilog_ctld=slurm.EPILOG_PATH))
+                                               max_nodes=max_nodes, epilog_ctld=slurm.EPILOG_PATH,
+                                               health_check=slurm.HEALTH_CHECK,
+                                               health_check_interval_s=slurm.HEALTH_CHECK_INTERVAL_S))
     assert _CONF_END not in conf.splitlines()
     epilog = slurm.epilog_script(action=teardown_argv_line(region=region, cluster_name=cluster_name))
     assert _EPILOG_END not in epilog.splitlines()
@@ -145,7 +147,8 @@ def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: in
     ])
 
 
-def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable: str = "NODE_ADDR") -> list[str]:
+def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable: str = "NODE_ADDR",
+                health_check: list[str] | None = None) -> list[str]:
     """:func:`launcher.plans.slurm.worker_commands` with the node's own address taken from a shell variable at boot.
 
     The address is rendered as a placeholder inside the single-quoted ``--conf`` value (``shlex.quote``), then the
@@ -153,7 +156,8 @@ def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable:
     shell expands it and the value stays one word; where it is a bare word (the replacement's own NodeAddr update,
     :func:`launcher.plans.slurm.rejoin_commands`), ``"$VAR"``.
     """
-    commands = slurm.worker_commands(controller_addr=controller_addr, role=role, cpus=cpus, address=_NODE_ADDR)
+    commands = slurm.worker_commands(controller_addr=controller_addr, role=role, cpus=cpus, address=_NODE_ADDR,
+                                     health_check=health_check)
     expanded = []
     for command in commands:
         if _NODE_ADDR in command:
@@ -168,7 +172,8 @@ def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable:
     return expanded
 
 
-def node_script(*, region: str, secret_id: str, controller_addr: str, role: str, cpus: int) -> str:
+def node_script(*, region: str, secret_id: str, controller_addr: str, role: str, cpus: int,
+                health_check: list[str] | None = None) -> str:
     """A worker's or reducer's boot: the munge key, then munged and ``slurmd -Z`` registering with the head node at
     ``controller_addr`` (the head's private IP) and fetching slurm.conf from it, with ``role``'s feature and ``cpus``
     (the catalog's vCPUs). An Auto Scaling group's replacement runs the same and joins with nobody attached."""
@@ -176,5 +181,5 @@ def node_script(*, region: str, secret_id: str, controller_addr: str, role: str,
         _IMDS,
         "NODE_ADDR=$(imds local-ipv4)",
         *_fetch_munge_key(region=region, secret_id=secret_id),
-        *slurmd_line(controller_addr=controller_addr, role=role, cpus=cpus),
+        *slurmd_line(controller_addr=controller_addr, role=role, cpus=cpus, health_check=health_check),
     ])

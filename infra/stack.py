@@ -17,7 +17,8 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 from constructs import Construct, IConstruct
 
-from infra import boot, ttl
+from ami import paths
+from infra import boot, layout, ttl
 from infra.compute import TAG_CLUSTER, NodeGroup, NodeIdentity
 from infra.guard import CostGuard, IdleStop
 from infra.head import HeadNode, MungeKey
@@ -26,6 +27,7 @@ from infra.network import Network
 from infra.security import NodeSecurity
 from infra.spec import ClusterSpec
 from infra.storage import LustreStorage
+from launcher.plans import slurm
 
 # The node image defaults to the project's own (ami/: the trainer's venv, Horovod, BeeGFS, EFA, NCCL, ...), whose
 # pipeline publishes its id to an SSM parameter (spec.image_parameter). CloudFormation resolves it at deploy time
@@ -123,12 +125,21 @@ class ClusterStack(Stack):
         _pin(self.head.instance, "HeadNode")
 
         def node_boot(role: str, vcpus: int) -> str:
+            instance = spec.worker if role == "worker" else spec.reducer
+            interfaces = spec.worker_interfaces if role == "worker" else spec.reducer_interfaces
             return boot.node_script(
                 region=spec.region,
                 secret_id=munge_key.secret.secret_arn,
                 controller_addr=self.head.private_ip,
                 role=role,
                 cpus=vcpus,
+                # The doctor's node checks as Slurm's HealthCheckProgram, against what this group was given: its
+                # instance type's GPUs and driver, the EFA devices the stack attached (none on TCP), Horovod, MPI.
+                # Not the shared storage: the launcher mounts it after boot (awsrun.prepare_storage), and slurmd
+                # runs the check as it starts, so every node would drain itself before anything could mount it.
+                health_check=slurm.health_check_argv(
+                    python=paths.PYTHON, backend="aws", mpirun=paths.MPIRUN, instance_type=instance.name,
+                    storage="none", efa_devices=layout.efa_device_count(interfaces)),
             )
 
         common = {

@@ -204,7 +204,8 @@ def test_head_node_boot_writes_the_rendered_slurm_conf(spot: Synth, tmp_path: Pa
     max_nodes = 4 + 2 + boot.REPLACEMENT_SPARE_MIN  # 6 nodes: every one replaced once is less than the spare
     assert written == slurm.slurm_conf(slurm.SlurmCluster(
         name=SPOT_CLUSTER, controller="ip-10-0-12-34", controller_addr="10.0.12.34", max_nodes=max_nodes,
-        epilog_ctld=slurm.EPILOG_PATH))
+        epilog_ctld=slurm.EPILOG_PATH, health_check=slurm.HEALTH_CHECK,
+        health_check_interval_s=slurm.HEALTH_CHECK_INTERVAL_S))
     for line in ("SlurmctldHost=ip-10-0-12-34(10.0.12.34)", "SlurmctldParameters=enable_configless",
                  "ReturnToService=2", f"SlurmdTimeout={slurm.SLURMD_TIMEOUT_S}", f"MaxNodeCount={max_nodes}",
                  f"ClusterName={slurm.cluster_name(SPOT_CLUSTER)}"):
@@ -307,6 +308,15 @@ def test_every_node_fetches_the_key_and_registers_with_the_head_nodes_address(
     slurmd = next(i for i, line in enumerate(lines) if line.startswith("/usr/sbin/slurmd "))
     rejoin = next(i for i, line in enumerate(lines) if "scontrol update NodeName=" in line and "NodeAddr=" in line)
     assert rejoin > slurmd and 'NodeAddr="$NODE_ADDR"' in lines[rejoin]
+    # Its health check (the doctor's node checks, as Slurm's HealthCheckProgram) is written before slurmd starts,
+    # against this group's instance type and EFA devices, and never the shared storage the launcher mounts later.
+    written = re.search(r"printf %s ('[^']*') > " + re.escape(slurm.HEALTH_CHECK), script)
+    assert written and script.index(written[0]) < script.index("\n/usr/sbin/slurmd ")
+    argv = shlex.split(shlex.split(written[1])[0].splitlines()[-1])[1:]  # the script's exec line
+    assert argv[argv.index("--backend") + 1] == "aws" and argv[argv.index("--instance-type") + 1] == instance_type
+    assert argv[argv.index("--storage") + 1] == "none"
+    efa = int(argv[argv.index("--efa-devices") + 1])
+    assert (efa > 0) == (role == "worker" and catalog.get(instance_type).efa_cards > 0)
 
 
 # --- The munge key and the roles -------------------------------------------------------------------------------------

@@ -187,6 +187,32 @@ def test_a_failure_the_trainer_names_is_not_requeued(home):
 
 
 
+def test_a_node_that_fails_its_health_check_drains_itself_and_a_replacement_returns(home):
+    """The doctor's node checks as Slurm's HealthCheckProgram: run here as slurmd runs it. node1 loses its shared
+    storage, drains itself with the reason; a replacement instance returns to service as it registers."""
+    from launcher.plans import slurm
+
+    config = str(home / "clusters/local/ssh_config")
+
+    def on(node: str, command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["ssh", "-F", config, node, command], capture_output=True, text=True, timeout=300)
+
+    def state(node: str) -> str:
+        return on("head", f"sinfo --noheader -n {node} -o %T").stdout.strip()
+
+    well = on("node1", slurm.HEALTH_CHECK)
+    assert well.returncode == 0 and state("node1") == "idle", well.stdout + well.stderr
+    broken = on("node1", f"umount -l /fsx && {slurm.HEALTH_CHECK}")
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert broken.stdout.startswith("scaletrain health: shared storage: nothing mounted at /fsx")
+    assert state("node1") == "drained"
+    reasons = on("head", "sinfo -R --noheader -o '%n|%E'").stdout
+    assert "node1|scaletrain health: shared storage" in reasons, reasons
+    launch(home, "local", "kill", "node1", check=True)  # as an Auto Scaling group replaces an unhealthy instance
+    wait_for(lambda: state("node1") == "idle", 120)
+    assert on("node1", slurm.HEALTH_CHECK).returncode == 0
+
+
 def test_a_controller_that_does_not_answer_is_one_line(home):
     ssh = ["ssh", "-F", str(home / "clusters/local/ssh_config"), "head"]
     subprocess.run([*ssh, "pkill -x slurmctld; while pgrep -x slurmctld; do sleep 0.2; done"], check=True,

@@ -69,7 +69,7 @@ def test_worker_registers_itself_with_the_controller():
     # After registering, a replacement under a known name sets its own address and returns itself from DOWN.
     rejoin = cmds[slurmd + 1:]
     assert rejoin == slurm.rejoin_commands("10.213.0.2")
-    assert "NodeAddr=10.213.0.2" in rejoin[0] and "State=RESUME" in rejoin[1] and "State=DOWN" in rejoin[1]
+    assert "NodeAddr=10.213.0.2" in rejoin[0] and "State=RESUME" in rejoin[1]
     reducer = slurm.worker_commands(controller_addr="10.0.0.1", role="reducer", cpus=4, address="10.0.0.9")
     assert any("Feature=reducer" in c for c in reducer)
 
@@ -191,3 +191,69 @@ def test_a_node_with_slurm_gets_cgroup_mounts_and_its_daemons_before_sshd():
     assert mounts and max(mounts) < lines.index("pivot_root . .oldroot")
     assert lines.index("/usr/sbin/slurmctld") < lines.index("exec /usr/sbin/sshd -D -e")
     assert lines.index("/usr/sbin/slurmctld") > lines.index("ssh-keygen -A >/dev/null")
+
+
+@pytest.mark.parametrize("state,resumes", [
+    ("IDLE", False), ("ALLOCATED", False), ("DOWN+DYNAMIC_NORM", True), ("DOWN+DYNAMIC_NORM+NOT_RESPONDING", True),
+    ("IDLE+DRAIN+DYNAMIC_NORM", True), ("MIXED+DRAIN", True)])
+def test_a_replacement_returns_itself_from_down_or_drain_only(state, resumes, tmp_path):
+    """Run the rejoin's test with bash against what `scontrol show node` prints."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/bash\nif [ \"$1\" = show ]; then echo 'NodeName=node1 State={state} "
+                                      f"ThreadsPerCore=1'; else echo \"$@\" >> {tmp_path}/updates; fi\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    (bin_dir / "hostname").write_text("#!/bin/bash\necho node1\n")
+    (bin_dir / "hostname").chmod(0o755)
+    line = slurm.rejoin_commands("10.0.0.9")[1]
+    subprocess.run(["bash", "-euo", "pipefail", "-c", line], check=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    updates = (tmp_path / "updates").read_text() if (tmp_path / "updates").exists() else ""
+    assert ("update NodeName=node1 State=RESUME" in updates) == resumes
+
+
+def test_a_node_writes_its_health_check_before_slurmd_starts():
+    argv = slurm.health_check_argv(python="/opt/scaletrain/venv/bin/python", backend="local",
+                                   mpirun="/opt/amazon/openmpi/bin/mpirun", shared_mount="/fsx")
+    assert argv == ["/opt/scaletrain/venv/bin/python", "-m", "launcher.doctor.health", "--backend", "local",
+                    "--python", "/opt/scaletrain/venv/bin/python", "--mpirun", "/opt/amazon/openmpi/bin/mpirun",
+                    "--shared-mount", "/fsx"]
+    cmds = slurm.worker_commands(controller_addr="10.0.0.1", role="worker", cpus=2, address="10.0.0.2",
+                                 health_check=argv)
+    write = next(i for i, c in enumerate(cmds) if c.endswith(f"> {slurm.HEALTH_CHECK}"))
+    slurmd = next(i for i, c in enumerate(cmds) if c.startswith("/usr/sbin/slurmd "))
+    assert write < slurmd  # slurmd runs the check as it starts
+    assert slurm.health_check_script(argv).splitlines()[-1] == "exec " + " ".join(argv)
+    without = slurm.worker_commands(controller_addr="10.0.0.1", role="worker", cpus=2, address="10.0.0.2")
+    assert not any(slurm.HEALTH_CHECK in c for c in without)
+
+
+def test_the_health_check_script_written_by_the_boot_is_the_rendered_one(tmp_path):
+    import subprocess
+
+    argv = ["/usr/bin/python3", "-m", "launcher.doctor.health", "--shared-mount", "/fsx with space"]
+    cmds = slurm.worker_commands(controller_addr="10.0.0.1", role="worker", cpus=2, address="10.0.0.2",
+                                 health_check=argv)
+    write = next(c for c in cmds if c.endswith(f"> {slurm.HEALTH_CHECK}"))
+    target = tmp_path / "healthcheck.sh"
+    subprocess.run(["bash", "-c", write.replace(slurm.HEALTH_CHECK, str(target))], check=True)
+    assert target.read_text() == slurm.health_check_script(argv)
+
+
+def test_drain_reason_is_one_short_line():
+    reason = slurm.drain_reason([("shared storage", "/fsx not mounted\n(findmnt)"), ("mpirun", "exit 127")])
+    assert reason == "scaletrain health: shared storage: /fsx not mounted (findmnt); mpirun: exit 127"
+    at_limit = slurm.drain_reason([("x", "y" * (slurm.REASON_LIMIT - len(slurm.DRAIN_PREFIX) - 3))])
+    assert len(at_limit) == slurm.REASON_LIMIT and not at_limit.endswith("...")
+    over = slurm.drain_reason([("x", "y" * (slurm.REASON_LIMIT - len(slurm.DRAIN_PREFIX) - 2))])
+    assert len(over) == slurm.REASON_LIMIT and over.endswith("...")
+
+
+@pytest.mark.parametrize("fields,restored", [
+    ({"State": "IDLE+DRAIN", "Reason": "scaletrain health: mpirun: exit 127"}, True),
+    ({"State": "IDLE+DRAIN", "Reason": "maintenance by the admin"}, False),  # not ours to undo
+    ({"State": "IDLE", "Reason": "scaletrain health: old"}, False),
+    ({}, False)])
+def test_only_a_node_that_drained_itself_is_restored(fields, restored):
+    assert slurm.health_restored(fields) == restored

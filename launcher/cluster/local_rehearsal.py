@@ -122,7 +122,10 @@ def _slurm_side(d: Path, head_address: str, *, role: str, cpus: int, address: st
         marker = f"{plan.SHARED_MOUNT}/{slurm.TEARDOWN_MARKER}"
         files[slurm.EPILOG_PATH] = (slurm.epilog_script(action=[f"date -u +%s > {marker}"]).encode(), 0o755)
         return files, tuple(slurm.controller_commands())
-    return files, tuple(slurm.worker_commands(controller_addr=head_address, role=role, cpus=cpus, address=address))
+    health = slurm.health_check_argv(python=paths.PYTHON, backend="local", mpirun=paths.MPIRUN,
+                                     shared_mount=plan.SHARED_MOUNT)
+    return files, tuple(slurm.worker_commands(controller_addr=head_address, role=role, cpus=cpus, address=address,
+                                              health_check=health))
 
 
 def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, shared: Path, user_pub: str,
@@ -205,7 +208,9 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
             os.write(fd, os.urandom(1024))  # munged wants at least 32 bytes (mungekey(8)); 1024 is its default
             os.close(fd)
             conf = slurm.slurm_conf(slurm.SlurmCluster(name=name, controller=HEAD, controller_addr=head_addr,
-                                                       max_nodes=2 * len(roles), epilog_ctld=slurm.EPILOG_PATH))
+                                                       max_nodes=2 * len(roles), epilog_ctld=slurm.EPILOG_PATH,
+                                                       health_check=slurm.HEALTH_CHECK,
+                                                       health_check_interval_s=slurm.HEALTH_CHECK_INTERVAL_S))
             booted[HEAD] = _boot_node(d, netw, HEAD, layers, shared, user_pub, slurm_role=(head_addr, "head", 1),
                                       conf=conf)
             head = Node(name=HEAD, address=head_addr, port=22, role="head", slots=0, cpus=1,

@@ -148,12 +148,55 @@ def node_conf(*, role: str, cpus: int, address: str) -> str:
     return f"NodeAddr={address} CPUs={cpus} Feature={feature}"
 
 
-def worker_commands(*, controller_addr: str, role: str, cpus: int, address: str) -> list[str]:
+HEALTH_CHECK = "/etc/slurm/healthcheck.sh"   # on every node: slurmd runs it as HealthCheckProgram
+HEALTH_CHECK_INTERVAL_S = 120
+DRAIN_PREFIX = "scaletrain health: "         # the Reason a failed health check drains a node with
+REASON_LIMIT = 200
+
+
+def health_check_argv(*, python: str, backend: str, mpirun: str, shared_mount: str | None = None,
+                      instance_type: str | None = None, storage: str | None = None,
+                      efa_devices: int | None = None) -> list[str]:
+    """The doctor's node checks run on the node itself (launcher/doctor/health.py), what the node's health check
+    script runs."""
+    argv = [python, "-m", "launcher.doctor.health", "--backend", backend, "--python", python, "--mpirun", mpirun]
+    for flag, value in (("--shared-mount", shared_mount), ("--instance-type", instance_type),
+                        ("--storage", storage), ("--efa-devices", efa_devices)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def health_check_script(argv: list[str]) -> str:
+    """HealthCheckProgram takes a program without arguments: "Fully qualified pathname of a script to execute as
+    user root periodically on all compute nodes" (slurm.conf(5)). This script is it."""
+    return "#!/bin/bash\n# Rendered by launcher/plans/slurm.py (health_check_script).\nexec " + shlex.join(argv) + "\n"
+
+
+def drain_reason(failed: list[tuple[str, str]]) -> str:
+    """The Reason a node drains itself with: each failed check and why, one line, short enough for sinfo -R."""
+    text = DRAIN_PREFIX + "; ".join(f"{name}: {detail}" for name, detail in failed)
+    text = " ".join(text.split())
+    return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 3] + "..."
+
+
+def health_restored(node_fields: dict[str, str]) -> bool:
+    """Should a node that passes its health check return to service: only when it drained itself for a failed
+    check (its Reason is ours), never when an administrator drained it."""
+    return "DRAIN" in node_fields.get("State", "") and node_fields.get("Reason", "").startswith(DRAIN_PREFIX)
+
+
+def worker_commands(*, controller_addr: str, role: str, cpus: int, address: str,
+                    health_check: list[str] | None = None) -> list[str]:
     """A worker or reducer node: munge, then ``slurmd -Z`` registering with the controller and fetching its
     configuration from it (slurmd(8), ``-Z``: "Start a dynamic node"; ``--conf-server``: "the slurmctld to fetch
     the configuration from")."""
+    health = [f"install -d -m 0755 {HEALTH_CHECK.rsplit('/', 1)[0]}",
+              f"printf %s {shlex.quote(health_check_script(health_check))} > {HEALTH_CHECK}",
+              f"chmod 0755 {HEALTH_CHECK}"] if health_check else []
     return [*munge_commands(),
             f"install -d -m 0755 {SPOOL_DIR} {LOG_DIR}",
+            *health,
             f"/usr/sbin/slurmd -Z --conf-server {controller_addr}:{SLURMCTLD_PORT} "
             f"--conf {shlex.quote(node_conf(role=role, cpus=cpus, address=address))}",
             *rejoin_commands(address)]
@@ -162,14 +205,14 @@ def worker_commands(*, controller_addr: str, role: str, cpus: int, address: str)
 def rejoin_commands(address: str) -> list[str]:
     """A replacement that registers under a name the controller knows keeps the old record's NodeAddr (Slurm 22.05
     takes a dynamic node's --conf only when it creates the record), so the controller would go on dialling the lost
-    instance: the node sets its own address, then returns itself to service if the record was DOWN (its
-    predecessor was lost; this instance is new). Client commands find the configuration slurmd fetched
-    (configless: /run/slurm/conf)."""
+    instance: the node sets its own address, then returns itself to service if the record was DOWN or DRAINED (its
+    predecessor was lost or failed its health check; this instance is new). Client commands find the configuration
+    slurmd fetched (configless: /run/slurm/conf)."""
     me = "$(hostname -s)"
     return [f"for i in $(seq 1 30); do scontrol update NodeName={me} NodeAddr={address} NodeHostname={me} "
             "2>/dev/null && break; sleep 1; done",
-            f"if scontrol show node {me} | grep -q 'State=DOWN'; then scontrol update NodeName={me} State=RESUME "
-            "|| true; fi"]
+            f"if scontrol show node {me} | grep -Eq 'State=(DOWN|[A-Z_+]*DRAIN)'; then "
+            f"scontrol update NodeName={me} State=RESUME || true; fi"]
 
 
 # -- what a job's state means ------------------------------------------------------------------------------------------
