@@ -200,6 +200,14 @@ def test_a_node_that_fails_its_health_check_drains_itself_and_a_replacement_retu
     def state(node: str) -> str:
         return on("head", f"sinfo --noheader -n {node} -o %T").stdout.strip()
 
+    def settled():
+        """the earlier tests' jobs have left node1"""
+        return state("node1") == "idle"
+
+    try:
+        wait_for(settled, 120)
+    except AssertionError:
+        raise AssertionError(on("head", "squeue; sinfo -N; scontrol show job").stdout) from None
     well = on("node1", slurm.HEALTH_CHECK)
     assert well.returncode == 0 and state("node1") == "idle", well.stdout + well.stderr
     broken = on("node1", f"umount -l /fsx && {slurm.HEALTH_CHECK}")
