@@ -14,6 +14,7 @@ import test_aws_moto as moto_stack
 from test_aws_moto import RECORDED, deploy, fake_time, live_instances
 from test_aws_plans import instances, outputs
 
+from infra import catalog
 from launcher import cluster as clusters
 from launcher.cluster.aws import api as aws
 from launcher.cluster.aws import discover, lifecycle, readiness
@@ -202,6 +203,19 @@ def test_discovery_of_a_stack_with_a_head_node(env):
     assert clusters.load("c1").head == c.head
 
 
+def test_status_counts_the_head_nodes_cost_too(env):
+    import datetime as dt
+
+    deploy(workers=2, head=True)
+    sess = aws.session()
+    c = aws.discover_cluster(sess, "c1", console=lambda iid: [])
+    launched = dt.datetime.fromisoformat(c.head.launched_at.replace("Z", "+00:00"))
+    rows = aws.status(sess, c, launched + dt.timedelta(hours=2))
+    assert [r.node for r in rows] == ["node0", "node1", "head"]
+    assert rows[-1].state == "running"
+    assert rows[-1].cost_usd == pytest.approx(2 * catalog.get("m5.large").price_usd_per_hour, rel=1e-2)
+
+
 def test_discovery_of_a_stack_without_the_output_has_no_head(env):
     deploy(workers=2)
     c = aws.discover_cluster(aws.session(), "c1", console=lambda iid: [])
@@ -269,3 +283,14 @@ def test_the_launchers_key_reaches_the_head_node_over_ssm(env, ssm_agents):
         "node0", "node1"]
     assert aws.install_keys(sess, fresh, online=every, clock=clock, sleep=sleep) == ["head"]
     assert ssm_agents.sent[-1] == [c.head.instance_id]
+
+
+def test_launch_status_lists_the_head_node_with_its_cost(env, monkeypatch, capsys):
+    from launcher import cli
+
+    monkeypatch.setattr(aws.ConsoleReader, "__call__", lambda self, iid: [])
+    deploy(workers=2, head=True)
+    assert cli.main(["status", "--cluster", "c1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│") and "running" in line]
+    assert rows == ["node0", "node1", "head"], out

@@ -29,11 +29,11 @@ def status(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pr
     if extend_ttl is not None:
         raise LaunchError("--extend-ttl applies to AWS clusters; a local cluster has no TTL")
     assert c is not None
-    answers = {r.node: r for r in remote.run_all(c, c.nodes, "uptime -p 2>/dev/null || uptime")}
+    answers = {r.node: r for r in remote.run_all(c, c.machines, "uptime -p 2>/dev/null || uptime")}
     table = Table(title=f"cluster '{c.name}' ({c.backend})")
     for col in ("node", "role", "address", "slots", "state", "uptime"):
         table.add_column(col)
-    for n in c.nodes:
+    for n in c.machines:
         r = answers[n.name]
         table.add_row(n.name, n.role, n.address, str(n.slots), "ready" if r.ok else f"unreachable: {r.error}",
                       r.stdout.strip() if r.ok else "")
@@ -73,7 +73,7 @@ def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, prof
         # Ids and addresses are what people copy: folded onto a second line in a narrow terminal, never cut.
         table.add_column(col, justify="right" if col.startswith("cost") else "left", overflow="fold",
                          min_width=19 if col == "instance" else None)
-    for n, r in zip(c.nodes, rows, strict=True):
+    for n, r in zip(c.machines, rows, strict=True):
         table.add_row(n.name, n.role, n.instance_id or "", n.address, r.state, lifecycle.format_duration(r.uptime_s),
                       f"{r.cost_usd:,.2f}")
     console.print(table)

@@ -396,11 +396,12 @@ def extend_ttl(sess: boto3.Session, c: Cluster, hours: float, now: dt.datetime |
 
 
 def status(sess: boto3.Session, c: Cluster, now: dt.datetime | None = None) -> list[lifecycle.NodeStatus]:
-    """Each node's EC2 state, uptime and cost so far; an instance gone from EC2 shows as 'terminated'."""
+    """Each node's EC2 state, uptime and cost so far, then the head node's (it is billed too); an instance gone from
+    EC2 shows as 'terminated'."""
     now = now or dt.datetime.now(dt.timezone.utc)
     live = {i.instance_id: i for i in cluster_instances(sess, c.name)}
     rows = []
-    for n in c.nodes:
+    for n in c.machines:
         inst = live.get(n.instance_id or "")
         rows.append(lifecycle.node_status(n.name, n.instance_type or c.instance_type or "",
                                           inst.state if inst else "terminated",
