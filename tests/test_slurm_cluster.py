@@ -243,6 +243,8 @@ def test_teardown_is_the_clusters_own_when_the_job_ends(home):
                   node_run("teardown"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "takes itself down" in proc.stdout and "run finished" in proc.stdout
+    # Its record came to this machine before the cluster went (as after any followed run).
+    assert json.loads((home / "runs/local/teardown/summary.json").read_text())["epochs"] == 1
     wait_for(lambda: not (home / "clusters/local").exists(), 120)
     wait_for(lambda: not alive(keeper), 30)  # it exits once the cluster is down (a zombie counts as gone)
     netns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())

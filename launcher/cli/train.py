@@ -293,6 +293,9 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
     except KeyboardInterrupt:
         console.print(f"\n{slurmjobs.detached(job_id, c.name)}", markup=False, highlight=False)
         raise Detached from None
+    # The run's record (and, before a teardown, its newest checkpoint) comes to this machine as after any run,
+    # successful or not; the cluster's teardown waits for the TTL guard's next run (locally a grace period).
+    _fetch_record(c, first, output, newest_checkpoint=teardown)
     if teardown:  # the job's epilog does it on the cluster's side (plans/slurm.epilog_script)
         console.print(f"the cluster takes itself down now that job {job_id} has ended (--teardown)", markup=False,
                       highlight=False)
