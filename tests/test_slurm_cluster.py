@@ -123,7 +123,15 @@ def test_a_run_outlives_its_launcher_and_a_lost_node(home):
         text = output.read_text()
         return "attempt 2" in text and "epoch " in text.split("attempt 2", 1)[1]
 
-    wait_for(training_again, 300)
+    try:
+        wait_for(training_again, 300)
+    except AssertionError:  # what the cluster says, for whoever reads a CI log
+        config = str(home / "clusters/local/ssh_config")
+        said = subprocess.run(["ssh", "-F", config, "head", "sinfo -N; sinfo -R; scontrol show job; "
+                               "tail -n 30 /var/log/slurm/slurmctld.log"], capture_output=True, text=True, timeout=60)
+        keeper = (home / "clusters/local/keeper.log").read_text()
+        raise AssertionError(f"the job did not train again within 300 s\n{output.read_text()[-4000:]}\n"
+                             f"{said.stdout}\n{keeper}") from None
     print(f"lost node to training again: {time.monotonic() - killed_at:.1f} s")
 
     def finished():

@@ -83,14 +83,17 @@ def unreachable(hosts: list[str]) -> dict[str, str]:
         return {h: why for h, why in pool.map(probe, hosts) if why}
 
 
+def show(*what: str) -> dict[str, str]:
+    """One `scontrol show` record's fields ({} when Slurm does not answer)."""
+    from launcher.plans import slurm
+
+    out = subprocess.run(["scontrol", "--oneliner", "show", *what], capture_output=True, text=True)
+    return slurm.fields(out.stdout.strip().splitlines()[0]) if out.returncode == 0 and out.stdout.strip() else {}
+
+
 def replaced_since(node: str, job_id: str) -> bool:
     """Has ``node``'s slurmd registered since the job started (an Auto Scaling group's replacement, quicker than the
     job's step to see the loss)? Both times are the controller's."""
-    from launcher.plans import slurm
-
-    def show(*what: str) -> dict[str, str]:
-        out = subprocess.run(["scontrol", "--oneliner", "show", *what], capture_output=True, text=True)
-        return slurm.fields(out.stdout.strip().splitlines()[0]) if out.returncode == 0 and out.stdout.strip() else {}
     slurmd_started = show("node", node).get("SlurmdStartTime", "")
     job_started = show("job", job_id).get("StartTime", "")
     # ISO 8601 of one clock: the text orders as the time does.
@@ -216,6 +219,11 @@ def main(args: list[str] | None = None) -> int:
             continue
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason=lost during job {job_id}"],
                        capture_output=True)
+    # Requeue only the attempt that failed: Slurm may already have requeued it for the node's failure (and counted
+    # a restart), and a second requeue would count another and spend the bound.
+    if int(show("job", job_id).get("Restarts", restart) or restart) > restart:
+        say(f"Slurm has already requeued job {job_id}")
+        return code or 1
     done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     # Slurm may have been first: a node it saw fail requeues the job by itself ("Job is pending execution").
     if done.returncode != 0 and "pending" not in done.stderr.lower():
