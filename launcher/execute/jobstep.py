@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from launcher.cluster import Node
+from launcher.cluster.local import write_atomic
 from launcher.plans import faults, restarts
 
 PROBE_TIMEOUT_S = 10
@@ -42,12 +43,6 @@ def say(line: str) -> None:
 def hosts_of(nodelist: str) -> list[str]:
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
     return out.stdout.split()
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def node_addresses(hosts: list[str]) -> dict[str, str]:

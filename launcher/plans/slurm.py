@@ -269,10 +269,6 @@ def job_mpirun(cluster, workers: list, spec, *, fabric_env: dict[str, str], mca:
                            mca=[*mca, ("plm", "slurm")])
 
 
-def output_file(output: str, job_id: str) -> str:
-    return f"{output}/{OUTPUT_FILE.replace('%j', job_id)}"
-
-
 def batch_script(b: BatchJob) -> str:
     """The job as awsome-distributed-training writes one: its allocation in #SBATCH lines, then one line that starts
     the step (launcher/execute/jobstep.py) on the allocation's first node. The step writes the hostfile from the
