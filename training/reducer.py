@@ -125,11 +125,13 @@ class World:
 
 
 def join(role: str, *, workers: int | None = None, reducers: int | None = None, node: str | None = None,
-         timeout_s: float = TIMEOUT_S) -> World:
+         timeout_s: float = TIMEOUT_S, place: tuple[int, int] | None = None) -> World:
     """Join the MPMD world started by mpirun (OMPI_COMM_WORLD_*) or by hand (RANK, WORLD_SIZE); the rendezvous is
-    MASTER_ADDR:MASTER_PORT. Workers pass `reducers`, reducers pass `workers`; the other count is the rest."""
-    rank = _env_int("OMPI_COMM_WORLD_RANK", _env_int("RANK", 0))
-    size = _env_int("OMPI_COMM_WORLD_SIZE", _env_int("WORLD_SIZE", 1))
+    MASTER_ADDR:MASTER_PORT. Workers pass `reducers`, reducers pass `workers`; the other count is the rest.
+    `place`: (rank, size) in the world when the environment does not say it (training/distributed.py: under
+    torchrun-style variables WORLD_SIZE counts the workers only)."""
+    rank, size = place or (_env_int("OMPI_COMM_WORLD_RANK", _env_int("RANK", 0)),
+                           _env_int("OMPI_COMM_WORLD_SIZE", _env_int("WORLD_SIZE", 1)))
     workers = size - reducers if workers is None else workers
     reducers = size - workers
     if workers < 1 or reducers < 1:
@@ -189,8 +191,8 @@ class ReducerEngine:
     name = "reducer"
 
     def __init__(self, reducers: int, *, bucket_bytes: int = BUCKET_BYTES, timeout_s: float = TIMEOUT_S,
-                 node: str | None = None) -> None:
-        self.world = w = join("worker", reducers=reducers, node=node, timeout_s=timeout_s)
+                 node: str | None = None, place: tuple[int, int] | None = None) -> None:
+        self.world = w = join("worker", reducers=reducers, node=node, timeout_s=timeout_s, place=place)
         self.timeout = dt.timedelta(seconds=timeout_s)
         self.bucket_bytes = bucket_bytes
         self.exit_on_peer_stop = True   # a dead peer ends this process (the trainer); False: finish() raises

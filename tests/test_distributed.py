@@ -1,0 +1,102 @@
+"""training/distributed.py's choice of engine from the environment (pure), and its single-process engine.
+
+The multi-process runs (each engine across 2 processes, the reducer tier under torchrun-style variables) are in
+tests/test_bert_engines.py, through examples/bert/pretrain.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training import distributed
+from training.distributed import Choice, DistributedError, choose
+
+MPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+       "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "1",
+            "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize(("env", "engine"), [
+    ({}, "single"),                                          # python script.py: one process, nothing to average
+    (MPI, "horovod"),                                        # plain mpirun
+    (TORCHRUN, "ddp"),                                       # plain torchrun
+    ({**MPI, **TORCHRUN}, "horovod"),                        # both: mpirun's win, as training/engine.py reads them
+    ({**MPI, "SCALETRAIN_ENGINE": "ddp"}, "ddp"),            # launch train --engine ddp: mpirun starts DDP ranks
+    ({**TORCHRUN, "SCALETRAIN_ENGINE": "DDP "}, "ddp"),
+    ({"SCALETRAIN_ENGINE": "", **TORCHRUN}, "ddp"),          # empty is unset
+    ({"SCALETRAIN_ENGINE": "horovod"}, "horovod"),           # one process under Horovod is allowed (size 1)
+    ({**TORCHRUN, "WORLD_SIZE": "1", "RANK": "0", "SCALETRAIN_ENGINE": "horovod"}, "horovod"),
+])
+def test_the_engine_is_the_one_asked_for_else_the_launchers(env, engine):
+    assert choose(env).engine == engine
+
+
+def test_horovod_without_mpirun_is_refused_beyond_one_process():
+    # WORLD_SIZE=1: allowed above; WORLD_SIZE=2: each process would be Horovod's rank 0 of 1 and train alone.
+    with pytest.raises(DistributedError, match="SCALETRAIN_ENGINE=horovod needs mpirun .*use SCALETRAIN_ENGINE=ddp"):
+        choose({**TORCHRUN, "SCALETRAIN_ENGINE": "horovod"})
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"SCALETRAIN_ENGINE": "nccl"}, "SCALETRAIN_ENGINE=nccl: choose one of horovod, ddp, reducer"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but RANK is not"),
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 with WORLD_SIZE=2: RANK must be below WORLD_SIZE"),
+    ({"WORLD_SIZE": "0", "RANK": "0"}, "WORLD_SIZE=0: must be a whole number >= 1"),
+    ({"WORLD_SIZE": "two", "RANK": "0"}, "WORLD_SIZE=two: must be a whole number >= 1"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1: must be a whole number >= 0"),
+    ({**TORCHRUN, "SCALETRAIN_REDUCERS": "2"}, "SCALETRAIN_ENGINE=ddp with SCALETRAIN_REDUCERS=2"),
+    ({**TORCHRUN, "SCALETRAIN_ENGINE": "reducer"}, "the reducer engine needs SCALETRAIN_REDUCERS >= 1"),
+    ({**TORCHRUN, "SCALETRAIN_ENGINE": "reducer", "SCALETRAIN_REDUCERS": "0"}, "needs SCALETRAIN_REDUCERS >= 1"),
+    ({"SCALETRAIN_ENGINE": "reducer", "SCALETRAIN_REDUCERS": "1"}, "needs this process's place"),
+    ({**MPI, "SCALETRAIN_ENGINE": "reducer", "SCALETRAIN_REDUCERS": "4"}, "OMPI_COMM_WORLD_SIZE=4 with "
+                                                                            "SCALETRAIN_REDUCERS=4"),
+])
+def test_an_environment_that_names_no_world_is_one_line(env, message):
+    with pytest.raises(DistributedError, match=message.replace("(", r"\(").replace(".", r"\.")) as e:
+        choose(env)
+    assert "\n" not in str(e.value)
+
+
+def test_the_reducer_tier_under_mpirun_is_the_mpmd_world():
+    # 4 ranks: 3 workers then 1 reducer; the reducer engine reads its place from mpirun's variables.
+    assert choose({**MPI, "SCALETRAIN_ENGINE": "reducer", "SCALETRAIN_REDUCERS": "3"}) == \
+        Choice("reducer", 3, why="SCALETRAIN_ENGINE")
+
+
+def test_the_reducer_tier_under_torchrun_counts_reducers_after_world_size():
+    # WORLD_SIZE keeps torchrun's meaning (the training processes); the gloo world adds the reducers after them.
+    got = choose({**TORCHRUN, "SCALETRAIN_ENGINE": "reducers", "SCALETRAIN_REDUCERS": "2"})
+    assert (got.engine, got.reducers, got.place, got.node) == ("reducer", 2, (1, 4), "node1")
+    no_node = dict(TORCHRUN)
+    del no_node["NODE_RANK"]
+    assert choose({**no_node, "SCALETRAIN_ENGINE": "reducer", "SCALETRAIN_REDUCERS": "1"}).node is None
+
+
+def test_single_process_engine_trains_and_refuses_a_second_init():
+    assert distributed.init(env={}).name == "single"
+    try:
+        with pytest.raises(DistributedError, match="called twice"):
+            distributed.init(env={})
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = distributed.wrap(model, opt)
+        x, y = torch.randn(16, 3), torch.randn(16, 1)
+        losses = []
+        for _ in range(5):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            assert distributed.step(opt) is False
+            losses.append(float(distributed.allreduce(loss.detach())))
+        assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0]
+        assert (distributed.rank(), distributed.size(), distributed.engine_name()) == (0, 1, "single")
+        assert distributed.broadcast_object({"a": 1}) == {"a": 1}
+        with pytest.raises(DistributedError, match="op='max': choose 'mean' or 'sum'"):
+            distributed.allreduce(torch.ones(1), op="max")
+    finally:
+        distributed.shutdown()
+    with pytest.raises(DistributedError, match=r"call distributed.init\(\) first"):
+        distributed.rank()

@@ -1,0 +1,249 @@
+"""The project's engines for your own training script: Horovod, DDP or the reducer tier, chosen by the environment.
+
+    from training import distributed
+
+    distributed.init()                                   # which engine: from the variables below
+    model = Net().to(distributed.device())
+    opt = torch.optim.AdamW(model.parameters())
+    model, opt = distributed.wrap(model, opt)            # gradients averaged over the ranks; rank 0's weights
+    for batch in my_shard(distributed.rank(), distributed.size()):
+        opt.zero_grad()
+        loss_fn(model(batch)).backward()
+        distributed.step(opt)                            # the optimizer sees the mean gradient of every rank
+    distributed.shutdown()
+
+The engines are training/engine.py's (Horovod, torch.distributed DDP) and training/reducer.py's (the reducer tier of
+seed 004); this module only chooses one and hands its calls on. docs/your-code.md says more.
+
+The environment contract (what `launch run` sets; `choose` is the one place that reads it):
+
+| variable | meaning |
+| --- | --- |
+| SCALETRAIN_ENGINE | `horovod`, `ddp` or `reducer` (`reducers` means `reducer`). Unset or empty: inferred, below |
+| SCALETRAIN_REDUCERS | K >= 1 reducer processes (`python -m training.reducer --workers W`), with `reducer` only |
+| OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE | set by Open MPI's mpirun; win over the torchrun ones |
+| RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK | torchrun's; WORLD_SIZE counts the training processes |
+| MASTER_ADDR, MASTER_PORT | the rendezvous of DDP and of the reducer tier's gloo world (default 127.0.0.1:29500) |
+| GLOO_SOCKET_IFNAME, HOROVOD_GLOO_IFACE, NCCL_*, FI_* | read by torch, Horovod, NCCL and libfabric themselves |
+
+Inferred when SCALETRAIN_ENGINE is unset: OMPI_COMM_WORLD_SIZE set (mpirun) -> horovod; else WORLD_SIZE set
+(torchrun) -> ddp; else one process alone (`single`: no communication at all).
+
+The reducer tier is one gloo world of W workers then K reducers. Under mpirun it is the MPMD world `launch train
+--reducers K` starts (OMPI_COMM_WORLD_SIZE = W + K, workers first). Under torchrun-style variables the workers keep
+torchrun's meaning, RANK < WORLD_SIZE = W, and reducer i runs `python -m training.reducer --workers W` with
+RANK = W + i and WORLD_SIZE = W + K (the whole world, which that program reads); every process gets the same
+MASTER_ADDR:MASTER_PORT. NODE_RANK groups the workers of one node (they reduce onto their node's first worker,
+which alone talks to the reducers); without it each worker counts as its own node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+ENGINES = ("horovod", "ddp", "reducer")
+ALIASES = {"reducers": "reducer"}
+
+
+class DistributedError(ValueError):
+    """The environment does not describe a world this module can join; one line naming what and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    engine: str                            # horovod, ddp, reducer, or single (one process, nothing to average)
+    reducers: int = 0                      # reducer processes after the workers (reducer only)
+    place: tuple[int, int] | None = None   # (rank, size) in the reducer tier's world when mpirun does not say it
+    node: str | None = None                # this worker's node for the reducer tier (from NODE_RANK)
+    why: str = ""                          # the variables that decided it
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise DistributedError(f"{name}={raw}: must be a whole number >= {minimum}")
+    return value
+
+
+def choose(env: Mapping[str, str]) -> Choice:
+    """Which engine this process starts, from its environment (os.environ); pure, so every rule is tested."""
+    asked = env.get("SCALETRAIN_ENGINE", "").strip().lower()
+    asked = ALIASES.get(asked, asked)
+    if asked and asked not in ENGINES:
+        raise DistributedError(f"SCALETRAIN_ENGINE={env['SCALETRAIN_ENGINE']}: choose one of {', '.join(ENGINES)} "
+                               f"(or leave it unset to infer it from mpirun's or torchrun's variables)")
+    reducers = _int(env, "SCALETRAIN_REDUCERS", 0) or 0
+    mpi_size = _int(env, "OMPI_COMM_WORLD_SIZE", 1)
+    world = _int(env, "WORLD_SIZE", 1)
+    rank = _int(env, "RANK", 0)
+    if world is not None and rank is None:
+        raise DistributedError(f"WORLD_SIZE={world} is set but RANK is not: a torchrun-style launcher sets both")
+    if world is not None and rank >= world:
+        raise DistributedError(f"RANK={rank} with WORLD_SIZE={world}: RANK must be below WORLD_SIZE")
+    engine, why = asked, "SCALETRAIN_ENGINE"
+    if not engine:
+        engine, why = (("horovod", "mpirun's OMPI_COMM_WORLD_SIZE") if mpi_size is not None
+                       else ("ddp", "torchrun's WORLD_SIZE") if world is not None
+                       else ("single", "no launcher's variables"))
+    if (engine == "reducer") != (reducers > 0):
+        raise DistributedError(f"SCALETRAIN_ENGINE={engine} with SCALETRAIN_REDUCERS={reducers}: the reducer engine "
+                               f"needs SCALETRAIN_REDUCERS >= 1, and only it takes reducers")
+    if engine == "horovod" and mpi_size is None and (world or 1) > 1:
+        # Horovod learns its ranks from MPI (horovod.torch.init under mpirun); without mpirun's variables every
+        # process would be rank 0 of 1 and train alone.
+        raise DistributedError(f"SCALETRAIN_ENGINE=horovod needs mpirun (no OMPI_COMM_WORLD_SIZE here, but "
+                               f"WORLD_SIZE={world}): start under mpirun, or use SCALETRAIN_ENGINE=ddp")
+    if engine != "reducer":
+        return Choice(engine, why=why)
+    if mpi_size is not None:
+        if mpi_size <= reducers:
+            raise DistributedError(f"OMPI_COMM_WORLD_SIZE={mpi_size} with SCALETRAIN_REDUCERS={reducers}: the "
+                                   f"mpirun world holds the workers and then the reducers, so it needs more ranks")
+        return Choice(engine, reducers, why=why)
+    if world is None:
+        raise DistributedError("SCALETRAIN_ENGINE=reducer needs this process's place: mpirun's OMPI_COMM_WORLD_* or "
+                               "torchrun's RANK and WORLD_SIZE")
+    node_rank = _int(env, "NODE_RANK", 0)
+    return Choice(engine, reducers, place=(rank, world + reducers),
+                  node=None if node_rank is None else f"node{node_rank}", why=why)
+
+
+class SingleProcess:
+    """One process and nobody to talk to: every call is the engines' with nothing to average."""
+
+    name = "single"
+    rank, size, local_rank, local_size = 0, 1, 0, 1
+
+    def broadcast_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        pass
+
+    def prepare(self, model, optimizer, *, fp16_allreduce: bool, backward_passes_per_step: int):
+        return model, optimizer
+
+    def accumulate(self, model) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def step(self, optimizer, scaler: torch.amp.GradScaler, static_scale: float | None) -> bool:
+        from training.engine import scaled_step
+
+        return scaled_step(optimizer, scaler, static_scale)
+
+    def allreduce(self, tensor: torch.Tensor, op: str, name: str) -> torch.Tensor:
+        return tensor.detach().clone()
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return obj
+
+    def shutdown(self) -> None:
+        pass
+
+
+_engine: Any = None
+
+
+def init(env: Mapping[str, str] | None = None):
+    """Start the engine the environment names (see the table above) and return it; once per process."""
+    global _engine
+    if _engine is not None:
+        raise DistributedError("distributed.init() was called twice; call it once per process")
+    choice = choose(os.environ if env is None else env)
+    if choice.engine == "single":
+        _engine = SingleProcess()
+    elif choice.engine == "reducer":
+        from training.reducer import ReducerEngine
+
+        _engine = ReducerEngine(choice.reducers, node=choice.node, place=choice.place)
+    else:
+        from training import engine as engines
+
+        _engine = engines.start(choice.engine)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(_engine.local_rank)  # Distributed: one GPU per process, by its rank on the node
+    return _engine
+
+
+def _started():
+    if _engine is None:
+        raise DistributedError("call distributed.init() first")
+    return _engine
+
+
+def rank() -> int:
+    return _started().rank
+
+
+def size() -> int:
+    """Training processes (reducers not counted)."""
+    return _started().size
+
+
+def local_rank() -> int:
+    return _started().local_rank
+
+
+def local_size() -> int:
+    return _started().local_size
+
+
+def engine_name() -> str:
+    return _started().name
+
+
+def device() -> torch.device:
+    """This process's GPU (its local rank) when there are GPUs, else the CPU."""
+    return torch.device("cuda", local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def wrap(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, fp16_allreduce: bool = False,
+         backward_passes_per_step: int = 1) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model to call and the optimizer to step: gradients averaged over the ranks, every rank starting from
+    rank 0's parameters and optimizer state. `fp16_allreduce`: gradients cross the wire in fp16.
+    `backward_passes_per_step`: micro-batches per step (the earlier ones under `accumulate(model)`)."""
+    engine = _started()
+    wrapped, opt = engine.prepare(model, optimizer, fp16_allreduce=fp16_allreduce,
+                                  backward_passes_per_step=backward_passes_per_step)
+    engine.broadcast_state(model, opt)
+    return wrapped, opt
+
+
+def accumulate(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """For the micro-batches before a step's last: their gradients add up locally, with no communication."""
+    return _started().accumulate(model)
+
+
+def step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> bool:
+    """One optimizer step on the gradients averaged over every rank (through `scaler` in fp16); True when the
+    scaler skipped it (an inf/nan gradient)."""
+    scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
+    return bool(_started().step(optimizer, scaler, None))
+
+
+def allreduce(tensor: torch.Tensor, op: str = "mean", name: str = "user") -> torch.Tensor:
+    """`tensor` averaged ("mean") or summed ("sum") over the ranks (a logged loss, a count); a new tensor."""
+    if op not in ("mean", "sum"):
+        raise DistributedError(f"op={op!r}: choose 'mean' or 'sum'")
+    return _started().allreduce(tensor, op, name)
+
+
+def broadcast_object(obj: Any, name: str = "user") -> Any:
+    """Rank 0's `obj` on every rank."""
+    return _started().broadcast_object(obj, name)
+
+
+def shutdown() -> None:
+    """Leave the world (the reducer tier's reducers stop when worker 0 leaves)."""
+    global _engine
+    engine, _engine = _started(), None
+    engine.shutdown()
