@@ -10,6 +10,7 @@ import typer
 
 from launcher.cli import cluster, data, doctor, jobs, local, plan, train
 from launcher.cli import exec as exec_
+from launcher.cli import run as run_
 from launcher.errors import Detached, LaunchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -17,7 +18,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "MPI, and report what it cost. The same commands drive a local cluster of SSH nodes.")
 # Command modules without a name add their commands at the top level (typer's "One File Per Command"); the order
 # here is the order `launch --help` lists them in.
-for group in (exec_, doctor, cluster, train, jobs, plan):
+for group in (exec_, doctor, cluster, train, run_, jobs, plan):
     app.add_typer(group.app)
 app.add_typer(local.app, name="local")
 app.add_typer(data.app, name="data")

@@ -11,8 +11,33 @@ from launcher import cluster as clusters
 from launcher.cli.common import ClusterOpt, console
 from launcher.errors import Detached
 from launcher.execute import slurmjobs
+from launcher.plans import slurm
 
 app = typer.Typer()
+
+
+def submit_and_follow(c: clusters.Cluster, script: str, output: str, intro: str,
+                      ) -> tuple[str, slurm.Job, list[str]]:
+    """Submit ``script`` on the head node, print ``job ID: intro``, and follow the job's output until it ends: (its
+    id, the job as it ended, its last lines). From the submit on, Ctrl-C only detaches (Detached, exit 130): the
+    job is the cluster's."""
+    seen: list[str] = []
+
+    def write(text: str) -> None:
+        seen.extend(text.splitlines())
+        del seen[:-500]
+        console.file.write(text)
+        console.file.flush()
+
+    job_id = slurmjobs.submit(c, script, output)
+    try:
+        console.print(f"job {job_id}: {intro} (the cluster owns it: Ctrl-C detaches, the job runs on)",
+                      markup=False, highlight=False)
+        ended = slurmjobs.follow(c, job_id, write=write)
+    except KeyboardInterrupt:
+        console.print(f"\n{slurmjobs.detached(job_id, c.name)}", markup=False, highlight=False)
+        raise Detached from None
+    return job_id, ended, seen
 
 
 @app.command("jobs")

@@ -13,7 +13,7 @@ from rich.table import Table
 from launcher import cluster as clusters
 from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, err, target
 from launcher.cluster import local
-from launcher.errors import Detached, LaunchError
+from launcher.errors import LaunchError
 from launcher.execute import remote, run
 from launcher.plans import job
 
@@ -238,6 +238,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
             found, nodes=nodes, data=staged, output=out, teardown=teardown, max_restarts=max_restarts,
             stall_timeout=stall_timeout, region=region, checkpoint_to=checkpoint_to, spec=spec), handover)
 
+    awsrun.check_data(sess, stack, data)  # a bucket the nodes may not read: one line, before anything starts
     awsrun.with_teardown(sess, stack, teardown, on_aws, instead=lambda: handover["line"])
 
 
@@ -248,7 +249,6 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
     follow rank 0 until it ends (Ctrl-C detaches; the job runs on), then report as a followed run does."""
     import shlex
 
-    from launcher.execute import slurmjobs
     from launcher.plans import slurm
 
     if spec.engine != "horovod" or spec.reducers:
@@ -277,22 +277,9 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
         name=f"scaletrain-{spec.model}", nodes=len(chosen), slots=first.slots, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
         shared_memory_gib=_shared_memory_gib(c)))
-    seen: list[str] = []
+    from launcher.cli.jobs import submit_and_follow
 
-    def write(text: str) -> None:
-        seen.extend(text.splitlines())
-        del seen[:-500]
-        console.file.write(text)
-        console.file.flush()
-
-    job_id = slurmjobs.submit(c, script, output)
-    try:  # from here on a Ctrl-C only detaches: the job is the cluster's
-        console.print(f"job {job_id}: {len(chosen)} node(s), run directory {output} (the cluster owns it: Ctrl-C "
-                      f"detaches, the job runs on)", markup=False, highlight=False)
-        ended = slurmjobs.follow(c, job_id, write=write)
-    except KeyboardInterrupt:
-        console.print(f"\n{slurmjobs.detached(job_id, c.name)}", markup=False, highlight=False)
-        raise Detached from None
+    job_id, ended, seen = submit_and_follow(c, script, output, f"{len(chosen)} node(s), run directory {output}")
     # The run's record (and, before a teardown, its newest checkpoint) comes to this machine as after any run,
     # successful or not; the cluster's teardown waits for the TTL guard's next run (locally a grace period).
     _fetch_record(c, first, output, newest_checkpoint=teardown)

@@ -164,6 +164,9 @@ def main(args: list[str] | None = None) -> int:
     p.add_argument("--hostfile", required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--shared-memory-gib", type=float, default=None)
+    p.add_argument("--rendezvous-port", type=int, default=None,
+                   help="export MASTER_ADDR (the allocation's first node) and MASTER_PORT for mpirun to forward, and "
+                        "add no --resume: a user's command (launch run) reads SCALETRAIN_RESTART_COUNT instead")
     p.add_argument("mpirun", nargs=argparse.REMAINDER)
     a = p.parse_args(args)
     mpirun = a.mpirun[1:] if a.mpirun[:1] == ["--"] else a.mpirun
@@ -176,7 +179,13 @@ def main(args: list[str] | None = None) -> int:
               f"not running it again", flush=True)
         return 1
     write_atomic(Path(a.hostfile), "".join(f"{h} slots={a.slots}\n" for h in hosts))
-    if restart and "--resume" not in mpirun:
+    os.environ["SCALETRAIN_RESTART_COUNT"] = str(restart)
+    if a.rendezvous_port is not None:
+        # The rendezvous is where the allocation's first node is now (a replacement has a new address), as Slurm has
+        # it; mpirun forwards both by name (-x MASTER_ADDR).
+        os.environ["MASTER_ADDR"] = node_addresses(hosts[:1]).get(hosts[0], hosts[0])
+        os.environ["MASTER_PORT"] = str(a.rendezvous_port)
+    elif restart and "--resume" not in mpirun:
         mpirun = [*mpirun, "--resume"]
     code, lines, stopped = run_step(mpirun, a.stall_timeout)
     if code == 0 and not stopped:

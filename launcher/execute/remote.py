@@ -222,9 +222,16 @@ def check(cluster: Cluster, node: Node, command: str, *, timeout_s: float | None
 
     `timeout_s` bounds each step (reaching the node, then the command): past it, a one-line LaunchError.
     """
+    code, out, _ = check_output(cluster, node, command, timeout_s=timeout_s)
+    return code, out
+
+
+def check_output(cluster: Cluster, node: Node, command: str, *,
+                 timeout_s: float | None = None) -> tuple[int, str, str]:
+    """:func:`check`, with the command's stderr too: (exit code, stdout, stderr)."""
     with _session(cluster, node, timeout_s) as conn:
         res = conn.run(in_workdir(node, command), hide=True, warn=True, in_stream=False, timeout=timeout_s)
-    return res.exited, res.stdout
+    return res.exited, res.stdout, res.stderr
 
 
 def put_text(cluster: Cluster, node: Node, text: str, path: str, mode: int = 0o600) -> None:
@@ -234,6 +241,18 @@ def put_text(cluster: Cluster, node: Node, text: str, path: str, mode: int = 0o6
     with _session(cluster, node) as conn:
         conn.put(io.BytesIO(text.encode()), remote=path)
         conn.sftp().chmod(path, mode)
+
+
+def put_bytes(cluster: Cluster, node: Node, data: bytes, path: str, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` on one node over SFTP, under a temporary name first, renamed into place."""
+    import io
+
+    tmp = f"{path}.part"
+    with _session(cluster, node) as conn:
+        conn.put(io.BytesIO(data), remote=tmp)
+        sftp = conn.sftp()
+        sftp.chmod(tmp, mode)
+        sftp.posix_rename(tmp, path)
 
 
 def get_files(cluster: Cluster, node: Node, pairs: list[tuple[str, Path]]) -> None:

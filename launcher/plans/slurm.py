@@ -255,6 +255,8 @@ class BatchJob:
     stall_timeout_s: float = 1800.0
     teardown: bool = False                   # the cluster removes itself when the job has ended (epilog_script)
     shared_memory_gib: float | None = None   # the local cluster: the memory all its nodes share (faults.diagnose)
+    rendezvous_port: int | None = None       # a user's command (launch run): the step exports MASTER_ADDR/PORT
+    submitted_by: str = "launch train"
 
 
 def job_mpirun(cluster, workers: list, spec, *, fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
@@ -280,7 +282,8 @@ def batch_script(b: BatchJob) -> str:
     step = [b.python, "-m", "launcher.execute.jobstep", "--max-restarts", str(b.max_restarts),
             "--stall-timeout", f"{b.stall_timeout_s:g}", "--slots", str(b.slots),
             "--hostfile", f"{b.output}/{HOSTFILE}", "--output", b.output,
-            *(["--shared-memory-gib", f"{b.shared_memory_gib:.1f}"] if b.shared_memory_gib else []), "--",
+            *(["--shared-memory-gib", f"{b.shared_memory_gib:.1f}"] if b.shared_memory_gib else []),
+            *(["--rendezvous-port", str(b.rendezvous_port)] if b.rendezvous_port is not None else []), "--",
             *b.mpirun]
     return "\n".join([
         "#!/bin/bash",
@@ -296,8 +299,8 @@ def batch_script(b: BatchJob) -> str:
         f"#SBATCH --chdir={b.output}",
         f"#SBATCH --output={b.output}/{OUTPUT_FILE}",
         *([f"#SBATCH --comment={TEARDOWN_COMMENT}"] if b.teardown else []),
-        "# Submitted by `launch train`; the cluster owns this run: it outlives the launcher, and Slurm requeues it",
-        "# when a node is lost. Follow it with `launch logs ID -f`, stop it with `launch cancel ID`.",
+        f"# Submitted by `{b.submitted_by}`; the cluster owns this run: it outlives the launcher, and Slurm",
+        "# requeues it when a node is lost. Follow it with `launch logs ID -f`, stop it with `launch cancel ID`.",
         "exec " + " ".join(q(a) for a in step),
         ""])
 

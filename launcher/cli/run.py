@@ -1,0 +1,141 @@
+"""`launch run -- COMMAND`: the user's own command on every node of the cluster, as a Slurm job the cluster owns.
+
+The working directory goes to the shared storage (only what changed), and COMMAND runs from that copy once per GPU
+(per slot on CPU nodes) with torchrun's variables set (launcher/plans/userjob.py), the image's Python first on PATH
+and the cluster's EFA/NCCL and gloo settings: a script written for torchrun runs unchanged, and so does a Horovod
+script. Output, `launch jobs/logs/cancel`, requeue after a lost node and --teardown work as for `launch train`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from launcher import cluster as clusters
+from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, target
+from launcher.errors import LaunchError
+
+app = typer.Typer()
+
+
+def _say(line: str) -> None:
+    console.print(line, markup=False, highlight=False)
+
+
+@app.command("run", context_settings={"allow_interspersed_args": False})
+def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...",
+                                             help="What every process runs, from the synced working directory."),
+         cluster: str = ClusterOpt,
+         nodes: int = typer.Option(None, "--nodes", help="Worker nodes to use; default all."),
+         workdir: Path = typer.Option(Path("."), "--workdir", help="Directory copied to the shared storage (only "
+                                                                   "what changed since the last run; .git, caches "
+                                                                   "and the patterns in .scaletrainignore are left "
+                                                                   "out); COMMAND runs from the copy."),
+         procs_per_node: int = typer.Option(None, "--procs-per-node", metavar="K",
+                                            help="Processes per node; default one per GPU (per slot on CPU nodes)."),
+         engine: str = typer.Option("ddp", "--engine", help="What `training.distributed` uses: ddp (the torchrun "
+                                                          "variables) or horovod (hvd.init() under mpirun)."),
+         max_restarts: int = typer.Option(0, "--max-restarts", metavar="N",
+                                          help="Requeue the job when a node is lost, up to N times; the command "
+                                               "reads TORCHELASTIC_RESTART_COUNT to resume."),
+         stall_timeout: float = typer.Option(1800, "--stall-timeout", metavar="SECONDS",
+                                             help="Stop the job when it prints nothing for this long; 0: never."),
+         checkpoint_to: str = typer.Option(None, "--checkpoint-to", metavar="s3://BUCKET/PREFIX",
+                                           help="Passed to the command as SCALETRAIN_CHECKPOINT_TO."),
+         teardown: bool = typer.Option(False, "--teardown", help="Bring the cluster down when the job has ended."),
+         region: str = RegionOpt, profile: str = ProfileOpt):
+    """Run your own command on every node (one process per GPU), as a Slurm job; stream its output."""
+    from launcher.plans import userjob
+
+    command = [a for a in (command or [])]
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise LaunchError("launch run needs a command after --, e.g. `launch run -- python train.py`")
+    if engine not in userjob.ENGINES:
+        raise LaunchError(f"--engine must be one of: {', '.join(userjob.ENGINES)}; got '{engine}'")
+    if max_restarts < 0:
+        raise LaunchError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if not stall_timeout >= 0:
+        raise LaunchError(f"--stall-timeout must be a number of seconds >= 0 (0: never), got {stall_timeout:g}")
+    if procs_per_node is not None and procs_per_node < 1:
+        raise LaunchError(f"--procs-per-node must be >= 1, got {procs_per_node}")
+    if not workdir.expanduser().is_dir():
+        raise LaunchError(f"--workdir {workdir} is not a directory")
+    if checkpoint_to:
+        from training import durable
+
+        try:
+            durable.parse_target(checkpoint_to)
+        except durable.DurableError as e:
+            raise LaunchError(str(e)) from None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+
+    def on(c: clusters.Cluster) -> None:
+        submit_run(c, command, nodes=nodes, workdir=workdir, procs=procs_per_node, engine=engine,
+                   max_restarts=max_restarts, stall_timeout=stall_timeout, checkpoint_to=checkpoint_to,
+                   teardown=teardown, stamp=stamp)
+
+    c, stack = target(cluster)
+    if stack is None:
+        assert c is not None
+        on(c)
+        return
+    from launcher.cluster.aws import api as aws
+    from launcher.cluster.aws import lifecycle
+    from launcher.execute import awsrun
+
+    sess = aws.session(region or (c.aws.region if c and c.aws else None),
+                       profile or (c.aws.profile if c and c.aws else None))
+    handover: dict[str, str | None] = {"line": None}
+
+    def on_aws() -> None:
+        found = awsrun.connect_ready(sess, stack, profile=profile)
+        awsrun.install_node_access(found)
+        awsrun.prepare_storage(found)
+        if not lifecycle.run_path(found, engine="ddp", reducers=0).slurm:
+            raise LaunchError(f"stack '{stack}' has no Slurm head node with shared storage; `launch run` needs "
+                              f"one (deploy with -c storage=fsx or beegfs)")
+        awsrun.as_slurm_job(found, f"{awsrun.shared_root(found)}/runs/{stamp}-run", lambda: on(found), handover)
+
+    awsrun.with_teardown(sess, stack, teardown, on_aws, instead=lambda: handover["line"])
+
+
+def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, workdir: Path, procs: int | None,
+               engine: str, max_restarts: int, stall_timeout: float, checkpoint_to: str | None, teardown: bool,
+               stamp: str) -> None:
+    from launcher.cli import jobs as jobcli
+    from launcher.cli.train import _shared_memory_gib
+    from launcher.execute import run, slurmjobs, sync
+    from launcher.plans import slurm, userjob
+
+    slurmjobs.head_of(c)
+    shared = c.shared_root
+    if not shared:
+        raise LaunchError(f"cluster '{c.name}' has no shared storage for the working directory; `launch run` needs "
+                          f"one (locally `launch local up --slurm`; on AWS -c storage=fsx or beegfs)")
+    chosen = c.select_workers(nodes)
+    first = chosen[0]
+    per_node = userjob.procs_per_node(first, procs)
+    output = f"{shared}/runs/{stamp}-run"
+    copied = sync.push(c, first, workdir, shared)
+    p = copied.plan
+    _say(f"synced {workdir} to {copied.path}: {len(p.send)} file(s) sent ({p.send_bytes / 2**20:,.2f} MiB), "
+         f"{p.unchanged} unchanged, {len(p.delete)} removed")
+    fabric_env, mca = run.fabric_settings(c, first)
+    argv = userjob.run_mpirun(c, chosen, procs=per_node, workdir=copied.path, output=output, command=command,
+                              engine=engine, fabric_env=fabric_env, mca=mca, checkpoint_to=checkpoint_to)
+    script = slurm.batch_script(slurm.BatchJob(
+        name=f"run-{Path(command[0]).name}"[:40], nodes=len(chosen), slots=per_node, output=output, python=c.python,
+        mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
+        shared_memory_gib=_shared_memory_gib(c), rendezvous_port=userjob.MASTER_PORT, submitted_by="launch run"))
+    job_id, ended, _ = jobcli.submit_and_follow(
+        c, script, output, f"{len(chosen)} node(s) x {per_node} process(es), run directory {output}")
+    if teardown:
+        _say(f"the cluster takes itself down now that job {job_id} has ended (--teardown)")
+    if ended.state != "succeeded":
+        raise LaunchError(f"job {job_id} {ended.state} ({ended.slurm_state}, exit {ended.exit_code}); output "
+                          f"{output}/slurm-{job_id}.out")
+    _say(f"job {job_id} succeeded; output {output}/slurm-{job_id}.out")

@@ -1,0 +1,142 @@
+"""`launch run`'s decisions (launcher/plans/userjob.py) and its per-process wrapper (launcher/execute/userrank.py),
+without a cluster: which files travel, what torchrun variables each process gets, and the job's mpirun line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from golden import assert_golden
+
+from launcher.plans import slurm, userjob
+
+PATTERNS = userjob.ignore_patterns("# data stays on S3\ndata/\n*.ckpt\nlogs/*.txt\n")
+
+
+@pytest.mark.parametrize("path,left_out", [
+    ("train.py", False), ("pkg/model.py", False),
+    (".git/config", True), ("pkg/__pycache__/m.cpython-311.pyc", True), (".venv/bin/python", True),
+    ("data/train.tar", True), ("data", True), ("mydata/x", False),           # a pattern names a folder, not a prefix
+    ("runs/epoch3.ckpt", True), ("logs/a.txt", True), ("logs/deep/a.txt", False), ("logs/a.log", False),
+])
+def test_what_the_working_directory_sends(path, left_out):
+    assert userjob.ignored(path, PATTERNS) is left_out
+
+
+def test_sync_sends_what_changed_and_removes_what_is_gone():
+    remote = {"a.py": (10, 1), "b.py": (20, 2), "gone.py": (5, 5)}
+    local = {"a.py": (10, 1),       # same size and time: not sent
+             "b.py": (20, 3),       # same size, touched: sent (rsync's quick check)
+             "c.py": (7, 1)}        # new
+    plan = userjob.sync_plan(local, remote)
+    assert plan.send == ("b.py", "c.py") and plan.delete == ("gone.py",)
+    assert plan.unchanged == 1 and plan.send_bytes == 27
+    assert userjob.sync_plan(local, {}).send == ("a.py", "b.py", "c.py")
+    assert userjob.sync_plan(local, local).send == ()
+
+
+def test_a_size_change_alone_is_sent():
+    assert userjob.sync_plan({"a": (11, 1)}, {"a": (10, 1)}).send == ("a",)
+
+
+def test_the_copy_of_a_directory_has_one_place():
+    a = userjob.workdir_name("/home/me/proj", "laptop")
+    assert a == userjob.workdir_name("/home/me/proj", "laptop") and a.startswith("proj-")
+    assert a != userjob.workdir_name("/home/you/proj", "laptop") != userjob.workdir_name("/home/me/proj", "other")
+    assert userjob.workdir_name("/x/my proj;rm", "h").startswith("my_proj_rm-")
+
+
+def ompi(rank: int, size: int, local: int, local_size: int) -> dict[str, str]:
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size)}
+
+
+@pytest.mark.parametrize("rank,local,node", [(0, 0, "0"), (1, 1, "0"), (2, 0, "1"), (3, 1, "1")])
+def test_torchrun_variables_of_two_nodes_of_two(rank, local, node):
+    env = userjob.torchrun_env(ompi(rank, 4, local, 2), job_id="7", restarts="1")
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == \
+        (str(rank), "4", str(local), "2", node)
+    assert env["GROUP_RANK"] == node and env["TORCHELASTIC_RESTART_COUNT"] == "1" and env["TORCHELASTIC_RUN_ID"] == "7"
+
+
+def test_not_under_mpirun_is_said():
+    with pytest.raises(ValueError, match="OMPI_COMM_WORLD_LOCAL_RANK"):
+        userjob.torchrun_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"})
+
+
+@pytest.mark.parametrize("asked,expected", [(None, 2), (1, 1), (3, 3)])
+def test_processes_per_node(asked, expected):
+    from test_plan import local_cluster
+
+    assert userjob.procs_per_node(local_cluster(1).nodes[0].model_copy(update={"slots": 2}), asked) == expected
+
+
+def test_processes_per_node_refuses_zero():
+    from test_plan import local_cluster
+
+    with pytest.raises(ValueError, match="--procs-per-node must be >= 1"):
+        userjob.procs_per_node(local_cluster(1).nodes[0], 0)
+
+
+def test_the_run_jobs_mpirun_line():
+    from test_plan import local_cluster
+
+    c = local_cluster(2)
+    argv = userjob.run_mpirun(c, c.select_workers(2), procs=2, workdir="/shared/work/proj-1", output="/shared/runs/r",
+                              command=["python", "train.py", "--lr", "0.1"], engine="ddp",
+                              fabric_env={"FI_PROVIDER": "efa"}, mca=[], checkpoint_to="s3://b/p")
+    assert_golden("userjob-mpirun-local-2.json", json.dumps(argv, indent=1) + "\n")
+    assert argv[argv.index("-np") + 1] == "4"                   # two nodes of two processes
+    pairs = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--mca"}
+    assert pairs["plm"] == "slurm"                               # daemons through Slurm, not SSH
+    exported = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+    # The rendezvous is the job step's, forwarded by name: a replacement node has a new address.
+    assert "MASTER_ADDR" in exported and "MASTER_PORT" in exported
+    assert not any(x.startswith("MASTER_ADDR=") for x in exported)
+    assert "SCALETRAIN_ENGINE=ddp" in exported and "SCALETRAIN_CHECKPOINT_TO=s3://b/p" in exported
+    assert "FI_PROVIDER=efa" in exported
+    if c.mpi_interface:
+        assert f"GLOO_SOCKET_IFNAME={c.mpi_interface}" in exported
+    assert argv[-5:] == ["--", "python", "train.py", "--lr", "0.1"]
+
+
+def test_the_run_jobs_batch_script_asks_the_step_for_a_rendezvous():
+    job = slurm.BatchJob(name="run-python", nodes=2, slots=2, output="/shared/runs/r", python="/opt/py",
+                         mpirun=("mpirun", "x"), rendezvous_port=userjob.MASTER_PORT, submitted_by="launch run")
+    text = slurm.batch_script(job)
+    assert "--rendezvous-port 29500 -- mpirun x" in text and "Submitted by `launch run`" in text
+    assert "--rendezvous-port" not in slurm.batch_script(slurm.BatchJob(**{**job.__dict__, "rendezvous_port": None}))
+
+
+def rank(tmp_path: Path, env: dict[str, str], *command: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "RANK", "WORLD_SIZE"))}
+    return subprocess.run([sys.executable, "-m", "launcher.execute.userrank", "--workdir", str(tmp_path),
+                           "--python-bin", "/opt/image/bin", "--", *command], env=clean | env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_each_process_gets_torchruns_variables_in_the_synced_directory(tmp_path):
+    script = ("import os; print(os.getcwd()); print(' '.join(os.environ[k] for k in ('RANK', 'WORLD_SIZE', "
+              "'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'NODE_RANK', 'MASTER_ADDR'))); "
+              "print(os.environ['PATH'].split(':')[0])")
+    out = rank(tmp_path, {**ompi(3, 4, 1, 2), "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29500"},
+               sys.executable, "-c", script)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == [f"[rank 3] {tmp_path}", "[rank 3] 3 4 1 2 1 10.0.0.2",
+                                       "[rank 3] /opt/image/bin"]
+
+
+def test_a_failing_command_fails_its_process(tmp_path):
+    out = rank(tmp_path, ompi(0, 1, 0, 1), sys.executable, "-c", "import sys; print('bad'); sys.exit(3)")
+    assert out.returncode == 3 and out.stdout == "[rank 0] bad\n"
+
+
+def test_a_command_that_does_not_exist_is_one_line(tmp_path):
+    out = rank(tmp_path, ompi(0, 1, 0, 1), "no-such-program-xyz")
+    assert out.returncode == 127
+    assert out.stdout.strip() == (f"[rank 0] error: cannot run 'no-such-program-xyz' in {tmp_path}: "
+                                  "No such file or directory")
