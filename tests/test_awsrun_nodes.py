@@ -245,6 +245,53 @@ def test_an_s3_prefix_without_manifest_is_one_line_naming_the_options(env, s3):
     assert "data_bucket" in str(e.value) and "\n" not in str(e.value)
 
 
+def _as_node_role(wrapper: str, root: Path, name: str, policy: dict | None) -> str:
+    """An AWS CLI for the nodes that signs as an IAM user with only ``policy`` (None: no policy at all), as a node
+    role without a grant would; moto's server then checks every request against it."""
+    import boto3
+
+    text = Path(wrapper).read_text()
+    endpoint = text.split("AWS_ENDPOINT_URL=", 1)[1].split()[0]
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    iam.create_user(UserName=name)
+    if policy is not None:
+        iam.put_user_policy(UserName=name, PolicyName="nodes", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    signed = root / f"aws-{name}"
+    signed.write_text(text.replace("AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing",
+                                   f"AWS_ACCESS_KEY_ID={key['AccessKeyId']} "
+                                   f"AWS_SECRET_ACCESS_KEY={key['SecretAccessKey']}"))
+    signed.chmod(0o755)
+    return str(signed)
+
+
+def test_a_refused_s3_read_or_copy_says_the_aws_clis_own_error(env, s3, monkeypatch):
+    """A node role that may not read the data (issue 25, item 3): the launcher said "no manifest.json under s3://..."
+    and hid the CLI's AccessDenied. The real AWS CLI against moto's server with IAM checked."""
+    from moto import settings
+
+    root, _, c = env
+    aws_cli, _ = s3
+    source = f"s3://{BUCKET}/imagenet/v1/"
+    nothing = _as_node_role(aws_cli, root, "no-grant", None)
+    manifest_only = _as_node_role(aws_cli, root, "manifest-only", {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{BUCKET}"},
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{BUCKET}/imagenet/v1/manifest.json"}]})
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto's server now checks IAM
+    with pytest.raises(LaunchError) as e:
+        awsrun.stage_data(c, c.workers, source, aws_cli=nothing)
+    line = str(e.value)
+    assert line.startswith(f"reading {source}manifest.json on node0 failed: ") and "\n" not in line
+    assert "An error occurred (403) when calling the HeadObject operation: Forbidden" in line, line
+    assert "no manifest.json" not in line
+    with pytest.raises(LaunchError) as e:
+        awsrun.stage_data(c, c.workers, source, aws_cli=manifest_only)
+    line = str(e.value)
+    assert line.startswith("staging the data failed on node0 (exit 1: ") and "\n" not in line, line
+    assert "An error occurred (AccessDenied) when calling the GetObject operation" in line, line
+
+
 def test_a_fresh_node_gets_its_working_directory_on_first_use(env):
     # Discovery records ~/scaletrain as every AWS node's working directory; nothing on a fresh node creates it.
     root, _, c = env

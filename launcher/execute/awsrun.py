@@ -32,7 +32,7 @@ from launcher.plans.dataprep import ConvertSpec
 
 T = TypeVar("T")
 
-__all__ = ["as_slurm_job", "connect_ready", "head_storage_plan", "install_node_access", "prepare_storage",
+__all__ = ["as_slurm_job", "check_data", "connect_ready", "head_storage_plan", "install_node_access", "prepare_storage",
            "shared_root", "ssh_probe", "stage_data", "with_teardown"]
 
 
@@ -138,15 +138,17 @@ def as_slurm_job(c: Cluster, output: str, run: Callable[[], None], handover: dic
 
 def _on_nodes(c: Cluster, scripts: dict[str, str], what: str, *, sudo: bool) -> None:
     """One script per node, the nodes in parallel; any failure is one line naming the nodes."""
-    def one(node: Node, script: str) -> tuple[str, int]:
+    def one(node: Node, script: str) -> tuple[str, int, str]:
         cmd = f"{'sudo ' if sudo else ''}bash -c {shlex.quote(script)}"
-        code, _ = remote.check(c, node, cmd)
-        return node.name, code
+        code, out, err = remote.check_output(c, node, cmd)
+        return node.name, code, staging.cli_error(err, out)
 
     by_name = {n.name: n for n in c.machines}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, max(1, len(scripts)))) as pool:
         done = list(pool.map(lambda item: one(by_name[item[0]], item[1]), scripts.items()))
-    failed = [f"{name} (exit {code})" for name, code in done if code != 0]
+    # With the failing command's own last line (the AWS CLI's "An error occurred (AccessDenied) ..."), not only
+    # its exit code: the reason is on the node, and the launcher is the only one reading it.
+    failed = [f"{name} (exit {code}{': ' + why if why else ''})" for name, code, why in done if code != 0]
     if failed:
         raise LaunchError(f"{what} failed on {', '.join(failed)}")
 
@@ -217,6 +219,14 @@ def shared_root(c: Cluster) -> str | None:
     return c.shared_root
 
 
+def check_data(sess: boto3.Session, stack: str, data: str | None) -> None:
+    """Before anything starts: an ``s3://`` ``--data`` must be in the bucket the stack's nodes may read (its
+    DataBucket output); else one line naming that bucket (staging.check_source)."""
+    if data and data.startswith("s3://"):
+        outputs = aws.stack_outputs(sess, stack)
+        staging.check_source(data, outputs.data_bucket, f"stack '{stack}'")
+
+
 def stage_data(c: Cluster, nodes: list[Node], data: str, *, shard_size: int = 1000,
                aws_cli: str = paths.AWS_CLI) -> str:
     """Put ``--data`` where the ranks read it; the shards directory as the nodes see it.
@@ -246,10 +256,10 @@ def stage_data(c: Cluster, nodes: list[Node], data: str, *, shard_size: int = 10
         say(f"converting {plan.source} to shards in {plan.dest} on {len(c.nodes)} node(s)")
         convert_on_cluster(c, ConvertSpec(src=plan.source, out=plan.dest, shard_size=shard_size))
         return plan.dest
-    code, text = remote.check(c, first, staging.s3_manifest_command(plan.source, aws_cli=aws_cli,
-                                                                    region=c.aws.region))
+    code, text, err = remote.check_output(c, first, staging.s3_manifest_command(plan.source, aws_cli=aws_cli,
+                                                                                region=c.aws.region))
     if code != 0:
-        raise LaunchError(staging.no_s3_manifest(plan.source, first.name))
+        raise LaunchError(staging.s3_read_failure(plan.source, first.name, staging.cli_error(err, text)))
     shards = [s["name"] for s in json.loads(text)["shards"]]
     scripts = staging.s3_copy_scripts(plan, shards, [n.name for n in nodes], shared=shared_root(c) is not None,
                                       aws_cli=aws_cli, region=c.aws.region)

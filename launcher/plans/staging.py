@@ -24,8 +24,8 @@ from typing import Literal
 
 from launcher.errors import LaunchError
 
-__all__ = ["Staging", "decide", "no_s3_manifest", "parse_probe", "probe_paths", "probe_script", "s3_copy_scripts",
-           "s3_manifest_command", "shard_share", "shards_dir"]
+__all__ = ["Staging", "check_source", "cli_error", "decide", "no_s3_manifest", "parse_probe", "probe_paths",
+           "probe_script", "s3_copy_scripts", "s3_manifest_command", "s3_read_failure", "shard_share", "shards_dir"]
 
 Found = Literal["manifest", "dir", "missing"]
 
@@ -76,12 +76,9 @@ def decide(data: str, *, storage: dict, data_bucket: str | None, shared_root: st
     ``found``: for a directory, what ``probe_script(probe_paths(...))`` printed on ``node``, parsed.
     """
     if data.startswith("s3://"):
+        check_source(data, data_bucket)
         bucket, _, prefix = data[5:].partition("/")
         prefix = prefix.strip("/")
-        if not bucket:
-            raise LaunchError(f"--data {data}: expected s3://BUCKET/PREFIX")
-        if data_bucket and bucket != data_bucket:
-            raise LaunchError(f"--data {data}: the nodes may only read s3://{data_bucket} (the stack's data_bucket)")
         if storage.get("type") == "fsx" and storage.get("data_repository", "").rstrip("/") == f"s3://{bucket}":
             return Staging("fsx-import", data, f"{storage['mount_point']}/{prefix}".rstrip("/"))
         return Staging("s3-copy", data, f"{shared_root}/data/{bucket}/{prefix}".rstrip("/"))
@@ -101,6 +98,48 @@ def decide(data: str, *, storage: dict, data_bucket: str | None, shared_root: st
     if (found or {}).get(dest) == "manifest":  # converted by an earlier run
         return Staging("ready", src, dest)
     return Staging("convert", src, dest)
+
+
+def check_source(data: str, data_bucket: str | None, stack: str = "the stack") -> None:
+    """An ``s3://`` ``--data`` the nodes may read, or a one-line LaunchError naming the bucket they may read.
+
+    The node role reads one bucket, the stack's ``-c data_bucket`` (infra/compute.py, NodeIdentity), and nothing
+    else: "By default, users and roles don't have permission to create or modify Amazon S3 resources" and an
+    identity needs a policy that allows the action (https://docs.aws.amazon.com/AmazonS3/latest/userguide/
+    security_iam_id-based-policy-examples.html). Any other bucket answers the nodes' ``aws s3`` with AccessDenied
+    (403) once the cluster is up and the data about to be staged; said here, before anything starts, it costs
+    nothing. (A bucket policy in another account could grant the role, but the role's own policy must allow it
+    too.)
+    """
+    if not data.startswith("s3://"):
+        return
+    bucket = data[5:].partition("/")[0]
+    if not bucket:
+        raise LaunchError(f"--data {data}: expected s3://BUCKET/PREFIX")
+    if data_bucket is None:
+        raise LaunchError(f"--data {data}: {stack} was deployed without -c data_bucket, so its nodes may read no S3 "
+                          f"bucket; deploy it with -c data_bucket={bucket} (`npx cdk deploy -c data_bucket={bucket} "
+                          f"...`), or give shards on the nodes' storage")
+    if bucket != data_bucket:
+        raise LaunchError(f"--data {data}: the nodes of {stack} may only read s3://{data_bucket} (its -c "
+                          f"data_bucket={data_bucket}); put the shards there, or deploy with -c data_bucket={bucket}")
+
+
+def cli_error(stderr: str, stdout: str = "") -> str:
+    """The AWS CLI's own reason, one line: the last line it printed on stderr (``fatal error: An error occurred
+    (403) when calling the HeadObject operation: Forbidden``, ``download failed: ... AccessDenied ...``)."""
+    lines = [line.strip() for line in (stderr or stdout).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def s3_read_failure(source: str, node: str, error: str) -> str:
+    """The one-line error when ``manifest.json`` under ``source`` could not be read on ``node``; ``error``: the CLI's
+    line. A missing object is a 404 (HeadObject has no body, so the CLI prints "(404) ... Not Found"); anything else
+    (403 Forbidden / AccessDenied, a wrong Region, no route to S3) is said as the CLI said it."""
+    if "(404)" in error or "NoSuchKey" in error or "Not Found" in error:
+        return no_s3_manifest(source, node) + (f" (the AWS CLI: {error})" if error else "")
+    return (f"reading {source.rstrip('/')}/manifest.json on {node} failed: {error or 'no output'}; the node role may "
+            f"read only the stack's -c data_bucket, in the stack's region")
 
 
 def no_s3_manifest(source: str, node: str) -> str:
