@@ -4,8 +4,12 @@ means."""
 from __future__ import annotations
 
 import os
+import re
 import sys
+from collections.abc import Mapping
+from typing import Any
 
+import click
 import typer
 from rich.console import Console
 
@@ -47,3 +51,69 @@ def target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:
         c = clusters.load(cluster)
         return c, (c.aws.stack if c.aws else c.name) if c.backend == "aws" else None
     return None, cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
+
+
+# --- Bad input on the command line ------------------------------------------------------------------------------
+# One translator for every command: a value an option refuses is a usage error (exit 2 and one line, as click says
+# its own "Invalid value for '--nodes'"), named by the option the user typed (--gpu-throughput, never the Python
+# field gpu_throughput) in the project's words, never pydantic's ("Input should be greater than 0").
+
+
+def usage_error(message: str) -> click.UsageError:
+    """``raise usage_error("--nodes must be >= 1, got 0")``: `launch` prints `error: <message> (see `launch X
+    --help`)` and exits 2, as for click's own usage errors. Python field names in the message become options."""
+    return click.UsageError(option_names(message), ctx=click.get_current_context(silent=True))
+
+
+def _flags() -> dict[str, str]:
+    """The running command's parameters: Python name -> the option a user types (its longest flag)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return {}
+    return {p.name: max(p.opts, key=len) for p in ctx.command.params
+            if p.name and isinstance(p, click.Option) and p.opts}
+
+
+def option_names(text: str, flags: Mapping[str, str] | None = None) -> str:
+    """``text`` with each Python field name of a command option written as the option (``gpu_throughput`` ->
+    ``--gpu-throughput``). Only names with an underscore: plain words (nodes, epochs) are English too."""
+    flags = _flags() if flags is None else flags
+    for name, flag in flags.items():
+        if "_" in name:
+            text = re.sub(rf"(?<![-\w]){re.escape(name)}(?!\w)", flag, text)
+    return text
+
+
+def plain(error: Mapping[str, Any]) -> str:
+    """What one pydantic error says, in the project's words (the caller puts the option before it): 'must be > 0,
+    got -1'. pydantic's own sentence is used only for types this does not know, with its 'Input should' reworded."""
+    kind, ctx, got = error.get("type", ""), error.get("ctx") or {}, error.get("input")
+    shown = f"{got:g}" if isinstance(got, float) else str(got)
+    bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+    if kind in bounds:
+        limit = next(iter(ctx.values()), "")
+        return f"must be {bounds[kind]} {limit:g}, got {shown}" if isinstance(limit, float) \
+            else f"must be {bounds[kind]} {limit}, got {shown}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', '')}, got '{shown}'"
+    if kind in ("int_parsing", "int_from_float", "int_type"):
+        return f"must be a whole number, got '{shown}'"
+    if kind in ("float_parsing", "float_type", "finite_number"):
+        return f"must be a (finite) number, got '{shown}'"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"must be true or false, got '{shown}'"
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "is not an option here"
+    msg = str(error.get("msg", "is not valid")).removeprefix("Value error, ")
+    return re.sub(r"^Input should be", "must be", msg)
+
+
+def validation_error(e: Any, options: Mapping[str, str] | None = None) -> click.UsageError:
+    """The first error of a pydantic ``ValidationError`` as one usage-error line, named by its option: ``options``
+    maps a model field to the option text (default: the running command's option of that name, else --field)."""
+    first = e.errors(include_url=False)[0]
+    field = str(first["loc"][0]) if first.get("loc") else ""
+    option = (options or {}).get(field) or _flags().get(field) or f"--{field.replace('_', '-')}"
+    return usage_error(f"{option} {plain(first)}")
