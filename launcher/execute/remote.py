@@ -29,6 +29,30 @@ from launcher.errors import LaunchError
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
+# SSH keepalive on every connection the launcher holds. fabric applies a few ssh_config keywords (HostName, Port,
+# User, ProxyCommand/ProxyJump, ConnectTimeout, IdentityFile, ForwardAgent: fabric 3's connection.py and auth.py;
+# https://docs.fabfile.org/en/latest/concepts/configuration.html, "Loading and using ssh_config files") and not
+# ServerAliveInterval, which the cluster's ssh_config sets for OpenSSH (mpirun's ssh, `launch ssh`); paramiko only
+# parses it. Keepalive is the transport's own setting: "after interval seconds without sending any data over the
+# connection, a 'keepalive' packet will be sent ... useful to keep connections alive over a NAT"
+# (https://docs.paramiko.org/en/stable/api/transport.html, Transport.set_keepalive). A launcher streaming a
+# long-running mpirun whose rank 0 is quiet (a validation pass, a restore) would otherwise see a middlebox or the
+# SSM tunnel drop an idle connection. 15 s, as ServerAliveInterval in the ssh_config.
+KEEPALIVE_S = 15
+
+
+class _KeptAlive(Connection):
+    """A fabric Connection whose transport sends a keepalive every KEEPALIVE_S seconds of silence, from the moment it
+    opens (fabric opens lazily, on the first run, put or sftp; a ThreadingGroup opens each of its connections)."""
+
+    def open(self):
+        connected = self.is_connected
+        result = super().open()
+        if not connected and self.transport is not None:
+            self.transport.set_keepalive(KEEPALIVE_S)
+        return result
+
+
 def _pin(conn: Connection, cluster: Cluster) -> Connection:
     conn.client.get_host_keys().clear()
     conn.client.load_host_keys(cluster.known_hosts)
@@ -47,7 +71,7 @@ def _config(cluster: Cluster, timeout_s: float | None = None) -> Config:
 def connect(cluster: Cluster, node: Node, *, timeout_s: float | None = None) -> Connection:
     """`timeout_s` bounds each step of reaching the node (TCP, SSH banner, auth, opening a channel): a frozen
     sshd accepts TCP but never sends its banner, and paramiko would wait on it for minutes."""
-    return _pin(Connection(node.name, config=_config(cluster, timeout_s), connect_timeout=timeout_s), cluster)
+    return _pin(_KeptAlive(node.name, config=_config(cluster, timeout_s), connect_timeout=timeout_s), cluster)
 
 
 def in_workdir(node: Node, command: str) -> str:
