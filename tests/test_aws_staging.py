@@ -64,3 +64,17 @@ def test_train_refuses_a_bucket_the_nodes_may_not_read_before_anything_starts(en
     assert err[0].startswith("error: --data s3://my-bucket/shards: stack 'c1' was deployed without -c data_bucket")
     assert "-c data_bucket=my-bucket" in err[0]
     assert touched == [] and stack_exists()
+
+
+def test_the_readmes_aws_example_deploys_the_bucket_it_then_stages_from():
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("## On AWS", 1)[1].split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    up = next(line for line in block.splitlines() if line.startswith("launch up "))
+    train = next(line for line in block.splitlines() if line.startswith("launch train ") and "--data" in line)
+    context = dict(w.split("=", 1) for w in shlex.split(up.split("#")[0]) if "=" in w)
+    data = re.search(r"--data (\S+)", train).group(1)
+    staging.check_source(data, context.get("data_bucket"), "the README's stack")
