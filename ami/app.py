@@ -3,7 +3,8 @@ publishes its id where cluster stacks find it (ami.paths.image_id_parameter).
 
 Context: ``base`` (ubuntu, dlami, or an AMI id), ``build_instance_type`` (default g5.xlarge),
 ``nvidia_kernel_modules`` (open, or proprietary for V100: p3, p3dn), ``root_volume_gib`` (default 200; cluster nodes
-get the image's size), ``region``, ``stack_name`` (default scaletrain-image, or scaletrain-image-proprietary).
+get the image's size), ``keep_images`` (default 3: the lifecycle policy deletes older images with their AMIs and
+snapshots), ``region``, ``stack_name`` (default scaletrain-image, or scaletrain-image-proprietary).
 Bad context ends with one ``error: ...`` line and exit status 1.
 """
 

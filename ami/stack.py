@@ -31,6 +31,20 @@ SOURCE_EXCLUDE = render.SOURCE_EXCLUDE
 # the venv and the EFA software and, beside them, logs, checkpoints and caches on the node.
 ROOT_VOLUME_GIB = 200
 TAG_KERNEL_MODULES = f"{render.TAG_PREFIX}nvidia-kernel-modules"
+# Every Image Builder image this stack makes (the deploy's and each pipeline rebuild) carries this tag, with the stack's
+# name as its value; the lifecycle policy selects the images to prune by it.
+TAG_IMAGE_STACK = f"{render.TAG_PREFIX}image-stack"
+# Each image keeps a ROOT_VOLUME_GIB snapshot, billed while it exists: the lifecycle policy keeps the newest few.
+KEEP_IMAGES = 3
+# AWS managed policies for the roles Image Builder itself assumes (https://docs.aws.amazon.com/imagebuilder/latest/
+# userguide/security-iam-awsmanpol.html): EC2ImageBuilderExecutionPolicy, what it needs to run the build, test and
+# distribution workflows ("create a custom IAM role and attach the EC2ImageBuilderExecutionPolicy AWS managed policy",
+# https://docs.aws.amazon.com/imagebuilder/latest/userguide/manage-image-workflows.html, "Specify the IAM service role
+# that Image Builder uses to run workflow actions"); EC2ImageBuilderLifecycleExecutionPolicy, what a lifecycle policy
+# needs to deregister AMIs and delete snapshots that Image Builder created.
+EXECUTION_POLICY = "EC2ImageBuilderExecutionPolicy"
+LIFECYCLE_POLICY = "service-role/EC2ImageBuilderLifecycleExecutionPolicy"
+IMAGEBUILDER = "imagebuilder.amazonaws.com"
 
 
 class ImageSpec(BaseModel):
@@ -45,6 +59,11 @@ class ImageSpec(BaseModel):
     build_instance_type: str = Field(default="g5.xlarge", pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
     nvidia_kernel_modules: str = Field(default="open", pattern=r"^(open|proprietary)$")
     root_volume_gib: int = Field(default=ROOT_VOLUME_GIB, ge=60, le=2000)
+    # The lifecycle policy's count filter takes 1 to 1000 (LifecyclePolicyDetailFilter, value: "Valid Range: Minimum
+    # value of 1. Maximum value of 1000"; https://docs.aws.amazon.com/imagebuilder/latest/APIReference/
+    # API_LifecyclePolicyDetailFilter.html).
+    keep_images: int = Field(default=KEEP_IMAGES, ge=1, le=1000,
+                             description="the newest images (AMI and snapshots) the lifecycle policy keeps")
 
     @property
     def name(self) -> str:
@@ -72,7 +91,12 @@ class ImageStack(Stack):
                         managed_policies=[
                             iam.ManagedPolicy.from_aws_managed_policy_name("EC2InstanceProfileForImageBuilder"),
                             iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")])
-        source.grant_read(role)
+        # The build instance runs downloaded code: it reads the one source archive it installs (the component's
+        # S3Download of source.s3_object_url), not the rest of the CDK assets bucket. s3:GetObject on that object key
+        # is what a download of one object needs (Amazon S3 API Reference, GetObject, "Permissions":
+        # https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
+        role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"],
+                                               resources=[source.bucket.arn_for_objects(source.s3_object_key)]))
         logs.grant_put(role)
         profile = iam.CfnInstanceProfile(self, "BuildProfile", roles=[role.role_name])
 
@@ -125,16 +149,21 @@ class ImageStack(Stack):
                     imagebuilder.CfnDistributionConfiguration.SsmParameterConfigurationProperty(
                         parameter_name=spec.image_parameter, data_type="aws:ec2:image")])])
 
+        execution = self._execution_role(spec)
+        lifecycle = self._lifecycle_policy(spec)
+        image_tags = {TAG_IMAGE_STACK: prefix}
+
         tests = imagebuilder.CfnImagePipeline.ImageTestsConfigurationProperty(image_tests_enabled=True,
                                                                               timeout_minutes=120)
         imagebuilder.CfnImagePipeline(
             self, "Pipeline", name=prefix, status="ENABLED", image_recipe_arn=recipe.attr_arn,
             infrastructure_configuration_arn=infrastructure.attr_arn,
             distribution_configuration_arn=distribution.attr_arn, image_tests_configuration=tests,
+            execution_role=execution.role_arn, image_tags=image_tags,
             description="Rebuild the scaletrain image: aws imagebuilder start-image-pipeline-execution")
         image = imagebuilder.CfnImage(
             self, "Image", image_recipe_arn=recipe.attr_arn, infrastructure_configuration_arn=infrastructure.attr_arn,
-            distribution_configuration_arn=distribution.attr_arn,
+            distribution_configuration_arn=distribution.attr_arn, execution_role=execution.role_arn, tags=image_tags,
             image_tests_configuration=imagebuilder.CfnImage.ImageTestsConfigurationProperty(
                 image_tests_enabled=True, timeout_minutes=120))
 
@@ -143,15 +172,84 @@ class ImageStack(Stack):
         CfnOutput(self, "ImageParameter", value=spec.image_parameter,
                   description="SSM parameter every build of this pipeline writes its AMI id to")
         CfnOutput(self, "ParentImage", value=parent)
+        CfnOutput(self, "LifecyclePolicy", value=lifecycle.attr_arn,
+                  description=f"keeps the newest {spec.keep_images} images of this stack, deleting older AMIs and "
+                              "snapshots")
 
         NagSuppressions.add_resource_suppressions(role, [
             {"id": "AwsSolutions-IAM4", "reason": "EC2InstanceProfileForImageBuilder and AmazonSSMManagedInstanceCore "
              "are the policies Image Builder documents for its build instances"},
-            {"id": "AwsSolutions-IAM5", "reason": "read of the one source asset object and put under the build-log "
-             "bucket; the wildcards are the grant helpers' object-key suffixes",
-             "appliesTo": ["Action::s3:GetBucket*", "Action::s3:GetObject*", "Action::s3:List*",
-                           "Action::s3:Abort*", {"regex": "/^Resource::.*\\*$/"}]},
+            {"id": "AwsSolutions-IAM5", "reason": "put under the build-log bucket only (logs.grant_put: s3:PutObject "
+             "and s3:Abort* on its objects); the source archive is read by its one object key, with no wildcard",
+             "appliesTo": ["Action::s3:Abort*", {"regex": "/^Resource::<BuildLogs[0-9A-F]+\\.Arn>/\\*$/"}]},
         ], apply_to_children=True)
         NagSuppressions.add_resource_suppressions(logs, [
             {"id": "AwsSolutions-S1", "reason": "the bucket is the Image Builder build-log destination itself; "
              "access logs of a log bucket would need yet another bucket"}])
+
+    def _execution_role(self, spec: ImageSpec) -> iam.Role:
+        """The role Image Builder assumes to build, test and distribute this stack's images.
+
+        The distribution writes the AMI id to :attr:`ImageSpec.image_parameter`, outside ``/imagebuilder/``, the only
+        path the service-linked role may write (AWSServiceRoleForImageBuilder: ssm:PutParameter on
+        ``parameter/imagebuilder/*``; https://docs.aws.amazon.com/aws-managed-policy/latest/reference/
+        AWSServiceRoleForImageBuilder.html). EC2 Image Builder User Guide, "Create and update AMI distribution
+        configurations", "Prerequisites for SSM output parameters"
+        (https://docs.aws.amazon.com/imagebuilder/latest/userguide/cr-upd-ami-distribution-settings.html): "you must
+        specify the ssm:PutParameter action in your Image Builder execution role, with the parameter listed as a
+        resource" and, for the aws:ec2:image data type, "you must also add the ec2:DescribeImages action". So the
+        image and the pipeline name this role: EC2ImageBuilderExecutionPolicy, the permissions the workflows need once
+        a role of one's own replaces the service-linked one, and exactly those two feature permissions.
+        ec2:DescribeImages supports no resource-level permission (Service Authorization Reference, Amazon EC2,
+        DescribeImages: no resource type), so it is granted on "*".
+        """
+        role = iam.Role(
+            self, "ExecutionRole",
+            # The service assumes it for this account only (IAM User Guide, "The confused deputy problem",
+            # aws:SourceAccount: https://docs.aws.amazon.com/IAM/latest/UserGuide/confused-deputy.html).
+            assumed_by=iam.ServicePrincipal(IMAGEBUILDER, conditions={
+                "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}),
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(EXECUTION_POLICY)],
+            description="EC2 Image Builder builds, tests and distributes the scaletrain image with this role")
+        role.add_to_policy(iam.PolicyStatement(actions=["ssm:PutParameter"], resources=[self.format_arn(
+            service="ssm", resource="parameter", resource_name=spec.image_parameter.lstrip("/"))]))
+        role.add_to_policy(iam.PolicyStatement(actions=["ec2:DescribeImages"], resources=["*"]))
+        NagSuppressions.add_resource_suppressions(role, [
+            {"id": "AwsSolutions-IAM4", "reason": "EC2ImageBuilderExecutionPolicy is the policy Image Builder "
+             "documents for a workflow execution role of one's own", "appliesTo": [
+                 f"Policy::arn:<AWS::Partition>:iam::aws:policy/{EXECUTION_POLICY}"]},
+            {"id": "AwsSolutions-IAM5", "reason": "ec2:DescribeImages has no resource-level permissions; SSM validates "
+             "the aws:ec2:image parameter's value with it", "appliesTo": ["Resource::*"]},
+        ], apply_to_children=True)
+        return role
+
+    def _lifecycle_policy(self, spec: ImageSpec) -> imagebuilder.CfnLifecyclePolicy:
+        """Keep the newest ``spec.keep_images`` images this stack made; delete the rest with their AMIs and snapshots.
+
+        Deleting an Image Builder image leaves its AMI and snapshot in place (and billed); a lifecycle policy's DELETE
+        action with IncludeResources amis and snapshots removes those too (EC2 Image Builder User Guide, "Manage image
+        lifecycle policies": https://docs.aws.amazon.com/imagebuilder/latest/userguide/image-lifecycle.html;
+        AWS::ImageBuilder::LifecyclePolicy). A COUNT filter's value "represents the minimum number of resources to keep
+        on hand" (LifecyclePolicyDetailFilter). Images are selected by the tag both the image and the pipeline give
+        them (:data:`TAG_IMAGE_STACK`), so each stack prunes its own images and no other build's."""
+        role = iam.Role(
+            self, "LifecycleRole",
+            assumed_by=iam.ServicePrincipal(IMAGEBUILDER, conditions={
+                "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}),
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(LIFECYCLE_POLICY)],
+            description="EC2 Image Builder deletes the scaletrain images beyond the newest few with this role")
+        NagSuppressions.add_resource_suppressions(role, [
+            {"id": "AwsSolutions-IAM4", "reason": "EC2ImageBuilderLifecycleExecutionPolicy is the policy Image Builder "
+             "documents for lifecycle policies; it acts only on images tagged CreatedBy: EC2 Image Builder",
+             "appliesTo": [f"Policy::arn:<AWS::Partition>:iam::aws:policy/{LIFECYCLE_POLICY}"]}])
+        lifecycle = imagebuilder.CfnLifecyclePolicy
+        return lifecycle(
+            self, "Lifecycle", name=f"{spec.name}-images", execution_role=role.role_arn,
+            resource_type="AMI_IMAGE", status="ENABLED",
+            description=f"Keep the newest {spec.keep_images} scaletrain images; delete older ones with their AMIs and "
+                        "snapshots",
+            resource_selection=lifecycle.ResourceSelectionProperty(tag_map={TAG_IMAGE_STACK: spec.name}),
+            policy_details=[lifecycle.PolicyDetailProperty(
+                action=lifecycle.ActionProperty(type="DELETE", include_resources=lifecycle.IncludeResourcesProperty(
+                    amis=True, snapshots=True)),
+                filter=lifecycle.FilterProperty(type="COUNT", value=spec.keep_images))])
