@@ -40,11 +40,14 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "WORKLOADS",
     "InstanceType",
+    "PublishedThroughput",
     "UnknownInstanceType",
     "get",
     "gpu_types",
     "names",
+    "published_throughput",
 ]
 
 
@@ -164,6 +167,111 @@ _RESNET50: dict[str, _Throughput] = {
     "H200": _Throughput(4400.0, _H200_ESTIMATE),
     "A10G": _Throughput(800.0, _A10G_ESTIMATE),
 }
+
+# --- Per-GPU throughput of the other workloads the planner knows (mixed precision) ---------------------------
+# Each figure is NVIDIA's single-GPU training throughput at the per-GPU batch its recipe uses, so the cost model's
+# one-node and multi-node terms start from one GPU alone, as they do for ResNet-50.
+
+_DLE_BERT = "https://github.com/NVIDIA/DeepLearningExamples/blob/master/PyTorch/LanguageModeling/BERT/README.md"
+_DLE_BERT_1907 = ("https://github.com/NVIDIA/DeepLearningExamples/blob/23a6382cbe8f77c22b0a7b7d263191ee6b947dfa/"
+                  "PyTorch/LanguageModeling/BERT/README.md")
+_DLE_MASKRCNN = "https://github.com/NVIDIA/DeepLearningExamples/blob/master/PyTorch/Segmentation/MaskRCNN/README.md"
+_BERT_V100_32 = (
+    f"NVIDIA DeepLearningExamples BERT for PyTorch, 'Pre-training NVIDIA DGX-1 With 32G', pytorch:21.11, phase 1 "
+    f"(sequence length 128), 1 GPU, mixed precision, batch 64 per GPU (accumulated to 4,096): 224 sequences/s "
+    f"({_DLE_BERT}#pre-training-nvidia-dgx-1-with-32g)"
+)
+_BERT_V100_16 = (
+    f"NVIDIA DeepLearningExamples BERT for PyTorch as of pytorch:19.07, 'Pre-training NVIDIA DGX-1 With 16G', phase 1, "
+    f"1 GPU, mixed precision, batch 16 per GPU (64 does not fit in 16 GB): 125.44 sequences/s ({_DLE_BERT_1907}"
+    f"#pre-training-nvidia-dgx-1-with-16g); the newer 21.11 README has no 16 GB table"
+)
+_BERT_A100 = (
+    f"NVIDIA DeepLearningExamples BERT for PyTorch, 'Pre-training NVIDIA DGX A100 (8x A100 80GB)', pytorch:21.11, "
+    f"phase 1, 1 GPU, mixed precision, batch 256 per GPU: 580 sequences/s ({_DLE_BERT}"
+    f"#pre-training-nvidia-dgx-a100-8x-a100-80gb)"
+)
+_BERT_A100_40 = (
+    "ESTIMATE for the 40 GB part: the 80 GB figure at batch 128 (the README's TF32 batch; 256 is published for 80 GB "
+    "only), same SMs and clocks. " + _BERT_A100
+)
+_BERT_H100 = (
+    "ESTIMATE, not an NVIDIA-published PyTorch figure (DeepLearningExamples has no H100 BERT table): 1.8 x the A100 "
+    "figure (580), the same ratio as the catalog's H100 ResNet-50 estimate. " + _BERT_A100
+)
+_BERT_A10G = (
+    "ESTIMATE: the A100 figure (580) scaled as the catalog's A10G ResNet-50 estimate is (800 / 2,470), at batch 32 "
+    "(24 GB). " + _BERT_A100
+)
+_MASKRCNN_V100 = (
+    f"NVIDIA DeepLearningExamples Mask R-CNN for PyTorch, 'Training performance: NVIDIA DGX-1 (8x V100 32GB)', 21.12, "
+    f"1 GPU, mixed precision, batch 12 per GPU: 16 images/s ({_DLE_MASKRCNN}"
+    f"#training-performance-nvidia-dgx-1-8x-v100-32gb)"
+)
+_MASKRCNN_V100_16 = "ESTIMATE for V100 16 GB: the 32 GB figure at batch 6 (12 is NVIDIA's tested size on 32 GB). " \
+    + _MASKRCNN_V100
+_MASKRCNN_A100 = (
+    f"NVIDIA DeepLearningExamples Mask R-CNN for PyTorch, 'Training performance: NVIDIA DGX A100 (8x A100 80GB)', "
+    f"21.12, 1 GPU, mixed precision, batch 12 per GPU: 24 images/s ({_DLE_MASKRCNN}"
+    f"#training-performance-nvidia-dgx-a100-8x-a100-80gb); the 40 GB part is assumed the same"
+)
+_MASKRCNN_H100 = ("ESTIMATE: 1.8 x the A100 figure, as the catalog's H100 ResNet-50 estimate. " + _MASKRCNN_A100)
+_MASKRCNN_A10G = ("ESTIMATE: the A100 figure scaled by 800 / 2,470 as the catalog's A10G ResNet-50 estimate, at "
+                  "batch 6. " + _MASKRCNN_A100)
+
+
+class PublishedThroughput(BaseModel):
+    """One GPU's training throughput for a workload: samples/s at the per-GPU batch it was measured with."""
+
+    model_config = ConfigDict(frozen=True)
+
+    samples_per_sec: float = Field(gt=0)
+    batch_per_gpu: int = Field(gt=0, description="the per-GPU (micro-)batch of the published run")
+    source: str = Field(min_length=1)
+
+
+def _pt(samples_per_sec: float, batch: int, source: str) -> PublishedThroughput:
+    return PublishedThroughput(samples_per_sec=samples_per_sec, batch_per_gpu=batch, source=source)
+
+
+# The workloads the planner knows (launcher.cost.workloads holds their recipes). ResNet-50 reads the entries' own
+# resnet50 fields above.
+WORKLOADS = ("resnet50", "bert-large", "mask-rcnn")
+_PUBLISHED: dict[str, dict[str, PublishedThroughput]] = {
+    "bert-large": {
+        "V100": _pt(125.44, 16, _BERT_V100_16),
+        "V100-32GB": _pt(224.0, 64, _BERT_V100_32),
+        "A100-40GB": _pt(580.0, 128, _BERT_A100_40),
+        "A100-80GB": _pt(580.0, 256, _BERT_A100),
+        "H100": _pt(1044.0, 256, _BERT_H100),
+        "H200": _pt(1044.0, 256, "ESTIMATE: the H100 estimate (H200: H100's SMs, more memory). " + _BERT_H100),
+        "A10G": _pt(188.0, 32, _BERT_A10G),
+    },
+    "mask-rcnn": {
+        "V100": _pt(16.0, 6, _MASKRCNN_V100_16),
+        "V100-32GB": _pt(16.0, 12, _MASKRCNN_V100),
+        "A100-40GB": _pt(24.0, 12, _MASKRCNN_A100),
+        "A100-80GB": _pt(24.0, 12, _MASKRCNN_A100),
+        "H100": _pt(43.0, 12, _MASKRCNN_H100),
+        "H200": _pt(43.0, 12, "ESTIMATE: the H100 estimate. " + _MASKRCNN_H100),
+        "A10G": _pt(7.8, 6, _MASKRCNN_A10G),
+    },
+}
+
+
+def published_throughput(instance: InstanceType, workload: str) -> PublishedThroughput | None:
+    """The catalog's single-GPU figure for ``workload`` on ``instance``'s GPU; None for CPU types.
+
+    ``ValueError`` (one line, with the choices) for a workload the catalog does not know.
+    """
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload '{workload}'; choose one of: {', '.join(WORKLOADS)}")
+    if instance.gpu_model is None or instance.resnet50_img_per_sec_per_gpu is None:
+        return None
+    if workload == "resnet50":
+        return _pt(instance.resnet50_img_per_sec_per_gpu, 256, instance.throughput_source or "catalog")
+    return _PUBLISHED[workload][instance.gpu_model]
+
 
 # --- Prices: us-east-1, Linux, on-demand ---------------------------------------------------------
 

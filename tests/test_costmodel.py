@@ -21,8 +21,10 @@ from launcher.plans import loading
 
 IMAGENET_90 = imagenet(90)
 P3 = get("p3.16xlarge")
-# Fixed costs off, for the hand checks: no provisioning, staging, checkpoints or validation.
-NO_FIXED = DEFAULT_CONSTANTS.model_copy(update={"provisioning_s": 0.0, "node_efficiency_8gpu": 1.0})
+# Fixed costs off, for the hand checks: no provisioning, staging, checkpoints or validation, no stragglers or
+# negotiation across nodes, and communication hiding behind at most 0.2 of backward (the figures spelled out below).
+NO_FIXED = DEFAULT_CONSTANTS.model_copy(update={"provisioning_s": 0.0, "node_efficiency_8gpu": 1.0,
+                                               "straggler_cv": 0.0, "negotiation_s": 0.0, "overlap_fraction": 0.2})
 ETA8 = DEFAULT_CONSTANTS.node_efficiency_8gpu  # one node of 8 GPUs against 8 x one (NVIDIA's DGX-1 result)
 V100 = 821  # the catalog's one-V100 figure: seed 000's 712 per GPU in a full node / ETA8
 
@@ -69,15 +71,18 @@ def test_seed_000_mxnet_row_with_parameter_servers_at_2_to_1():
     """
     mx = estimate(P3, 8, IMAGENET_90, strategy="ps", tier_nodes=16, gpu_throughput=747 / ETA8)
     assert mx.images_per_sec == pytest.approx(44_000, rel=0.05)
-    assert abs(mx.scaling_efficiency - 0.92) <= 0.03
+    # within docs/model-validation.md's 4 points: the stragglers across 8 nodes cost this row too
+    assert abs(mx.scaling_efficiency - 0.92) <= 0.04
     assert mx.epoch_time_s == pytest.approx(31, rel=0.05)
     assert mx.training_s / 60 == pytest.approx(47, rel=0.05)
 
 
 def test_seed_000_is_communication_limited_not_special_cased(seed000):
-    # 25 Gbps without EFA: the exposed allreduce is what costs the ~10%; on one node there is none of it.
+    # 25 Gbps without EFA: the exposed allreduce costs about half the ~10%, the slowest of 8 nodes the rest; on one
+    # node there is none of either.
     one = estimate(P3, 1, IMAGENET_90)
-    assert seed000.exposed_comm_time_s > 0.02
+    assert seed000.exposed_comm_time_s > 0.015 and seed000.sync_overhead_s > 0.015
+    assert one.sync_overhead_s == 0
     assert seed000.comm_limited_by == "worker network (TCP)"
     assert one.exposed_comm_time_s == 0
     assert one.scaling_efficiency == pytest.approx(1.0)
@@ -334,7 +339,7 @@ def test_estimate_serialises_with_the_fields_the_plan_json_needs():
                 "strategy", "market", "training_s"):
         assert key in data
     assert data["price_date"] == str(P3.price_date)
-    assert 3 <= len(data["assumptions"]) <= 10
+    assert 3 <= len(data["assumptions"]) <= 12
 
 
 def test_summary_is_one_line():
@@ -345,7 +350,8 @@ def test_summary_is_one_line():
 
 def test_model_notes_state_the_constants():
     notes = " ".join(model_notes())
-    assert "4 GB/s per server" in notes and "20%" in notes and "356 images/s per core" in notes
+    assert "4 GB/s per server" in notes and "27%" in notes and "356 images/s per core" in notes
+    assert "slowest node (2.7% variation" in notes and "(1 ms)" in notes
     assert "86.7% of 8 x one GPU" in notes and "gloo over TCP" in notes
 
 
@@ -431,7 +437,8 @@ def test_hand_checks_use_the_default_constants():
     assert (c.network_efficiency_efa, c.network_latency_efa_s) == (0.59, 15e-6)
     assert c.node_efficiency_8gpu == 0.867  # the hand checks run with NO_FIXED, which sets it to 1
     assert (c.interconnect_efficiency, c.interconnect_latency_s) == (0.70, 5e-6)
-    assert (c.backward_share, c.overlap_fraction) == (pytest.approx(2 / 3), 0.20)
+    assert (c.backward_share, c.overlap_fraction) == (pytest.approx(2 / 3), 0.27)  # NO_FIXED pins 0.2
+    assert (c.straggler_cv, c.negotiation_s) == (0.027, 1e-3)  # NO_FIXED sets both to 0
     assert (c.ps_server_bytes_per_sec, c.reducer_sum_bytes_per_sec_per_vcpu) == (4e9, 0.5e9)
 
 

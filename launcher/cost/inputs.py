@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.catalog import InstanceType
+from infra.catalog import WORKLOADS, InstanceType, published_throughput
 
 __all__ = [
     "BYTES_PER_IMAGE",
@@ -54,12 +54,28 @@ Precision = Literal["amp", "fp32"]
 
 
 class Workload(BaseModel):
-    """What is trained: how many images, how many epochs, and how heavy the model is."""
+    """What is trained: how many samples (images, sequences), how many epochs, and how heavy the model is.
+
+    ``name`` picks the catalog's per-GPU figure (infra.catalog.published_throughput): ``resnet50`` (and ``custom``,
+    scaled by ``flops_ratio``), ``bert-large`` or ``mask-rcnn``; launcher.cost.workloads builds each recipe.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    images_per_epoch: int = Field(gt=0)
+    images_per_epoch: int = Field(gt=0, description="samples per epoch: images, or sequences for bert-large")
     epochs: int = Field(gt=0)
+    name: str = Field("resnet50", description="resnet50, bert-large, mask-rcnn or custom")
+    sample_noun: str = Field("images", description="what one sample is, for people: images, sequences, samples")
+    global_batch: int | None = Field(
+        None, gt=0, description="the recipe's global batch; gradient accumulation makes it up when the GPUs' "
+                                "micro-batches fall short (None: no accumulation, the global batch grows with GPUs)"
+    )
+    node_efficiency_8gpu: float | None = Field(
+        None, gt=0, le=1, description="one node of 8 GPUs against 8 x one GPU for this workload; None: "
+                                      "ModelConstants.node_efficiency_8gpu (ResNet-50's)"
+    )
+    decodes_images: bool = Field(True, description="its loader decodes JPEGs (the CPU ceiling applies)")
+    checkpoint_bytes_per_param: int = Field(8, ge=1, description="8: fp32 weights + SGD momentum; 12 with Adam/LAMB")
     flops_ratio: float = Field(
         1.0, gt=0, description="cost per image relative to ResNet-50 at 224 px (ResNet-18 at 32 px: ~0.0099)"
     )
@@ -79,8 +95,13 @@ class Workload(BaseModel):
 
     @property
     def checkpoint_bytes(self) -> int:
-        """fp32 weights plus SGD momentum: what the trainer's checkpoint holds, to within the batch-norm buffers."""
-        return self.param_count * 8
+        """fp32 weights plus the optimizer's state: what a checkpoint holds, to within the batch-norm buffers."""
+        return self.param_count * self.checkpoint_bytes_per_param
+
+    @property
+    def rate_unit(self) -> str:
+        """'img/s', 'seq/s' or 'samples/s'."""
+        return {"images": "img/s", "sequences": "seq/s"}.get(self.sample_noun, f"{self.sample_noun}/s")
 
     @property
     def staged_bytes(self) -> float:
@@ -123,7 +144,23 @@ class ModelConstants(BaseModel):
     # 000's ~84 ms of allreduce per step into ~36 ms exposed, i.e. 91% scaling. It is low because the
     # 2018 stack (Horovod 0.13, 64 MB fusion buffer, 5 ms cycle) issued most traffic late, and it
     # absorbs what the model does not itemise (stragglers, input pipeline, negotiation).
-    overlap_fraction: float = Field(0.20, ge=0, le=1)
+    overlap_fraction: float = Field(0.27, ge=0, le=1)
+    # What a multi-node step costs beyond the communication backward cannot hide (nodes > 1 only).
+    # Stragglers: every node's time between two gradient syncs varies by this coefficient of variation (OS noise,
+    # input hiccups, clocks under a power budget), and a synchronous step waits for the slowest of n nodes: for n
+    # normal draws the expected maximum is about mean + sigma * sqrt(2 ln n) (the Gaussian extreme-value bound,
+    # https://en.wikipedia.org/wiki/Extreme_value_theory; Dean & Barroso, 'The Tail at Scale', CACM 2013,
+    # https://research.google/pubs/the-tail-at-scale/, on why the slowest of many sets the pace). The variation of k
+    # accumulated micro-batches adds in quadrature (sigma * sqrt(k)). FITTED to seed 002's Horovod 94% on
+    # 8 x p4d.24xlarge, where the allreduce itself hides; held out: NVIDIA's BERT multi-node table and seed 004
+    # (docs/model-validation.md).
+    straggler_cv: float = Field(0.027, ge=0, le=1)
+    # Negotiation: Horovod's background thread gathers every rank's ready tensors on rank 0 once per cycle before a
+    # fused allreduce starts (https://horovod.readthedocs.io/en/stable/timeline_include.html, 'Negotiation'), so the
+    # step's last gradients wait up to one cycle: HOROVOD_CYCLE_TIME, 1 ms by default since Horovod 0.21
+    # (https://github.com/horovod/horovod/releases/tag/v0.21.0: "Changed default cycle time from 5ms to 1ms",
+    # horovod/horovod#2468). Taken as a fixed cost per sync across nodes; an assumption, not a fit.
+    negotiation_s: float = Field(1e-3, ge=0)
     # One node of g GPUs trains at this fraction of g x the single-GPU figure (g = 8; for fewer, the loss shrinks in
     # proportion to g - 1). NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5, AMP, batch 256, pytorch-21.03: DGX-1
     # 16GB 1 GPU 1,200 img/s, 8 GPUs 8,322 = 0.867 (FITTED to it; held out: DGX A100 80GB 2,470 -> 16,621, DGX-1 32GB
@@ -167,29 +204,42 @@ DEFAULT_CONSTANTS = ModelConstants()
 
 
 class GpuThroughput(BaseModel):
-    """Single-GPU ResNet-50 training images/s and where the figure comes from."""
+    """Single-GPU training samples/s (ResNet-50 images unless a workload says otherwise) and where it comes from."""
 
     model_config = ConfigDict(frozen=True)
 
     img_per_sec: float = Field(gt=0)
     source: str
+    batch_per_gpu: int | None = Field(None, gt=0, description="the per-GPU batch of the published figure")
 
 
 def resolve_gpu_throughput(instance: InstanceType, precision: Precision = "amp", *, override: float | None = None,
-                           measured: Mapping[str, GpuThroughput] | None = None) -> GpuThroughput:
+                           measured: Mapping[str, GpuThroughput] | None = None,
+                           workload: str = "resnet50") -> GpuThroughput:
     """The per-GPU figure the model uses: ``override``, else this project's measurement, else the catalog's.
 
     ``measured`` maps ``'GPU_MODEL/precision'`` (e.g. ``'V100/amp'``) to figures recorded from runs (see
-    :mod:`launcher.cost.measured`). The catalog carries mixed-precision (``amp``) figures only.
+    :mod:`launcher.cost.measured`); they are ResNet-50's, so other workloads (``'bert-large'``, ``'mask-rcnn'``)
+    read the catalog's published figure for their own model. The catalog carries mixed-precision (``amp``) figures
+    only.
     """
     if instance.gpus == 0 or instance.resnet50_img_per_sec_per_gpu is None:
         raise ValueError(f"{instance.name} has no GPUs; training needs a GPU instance type")
     if precision not in ("amp", "fp32"):
         raise ValueError(f"unknown precision '{precision}'; choose one of: amp, fp32")
+    published = published_throughput(instance, workload if workload in WORKLOADS else "resnet50")
+    assert published is not None
     if override is not None:
         if not (override > 0 and math.isfinite(override)):
-            raise ValueError(f"gpu_throughput must be a positive number of images/s, got {override}")
-        return GpuThroughput(img_per_sec=override, source="override (--gpu-throughput)")
+            raise ValueError(f"gpu_throughput must be a positive number of samples/s, got {override}")
+        return GpuThroughput(img_per_sec=override, source="override (--gpu-throughput)",
+                             batch_per_gpu=published.batch_per_gpu)
+    if workload in WORKLOADS and workload != "resnet50":
+        if precision != "amp":
+            raise ValueError(f"no {precision} {workload} figure for {instance.gpu_model} (the catalog has mixed "
+                             f"precision only); pass --gpu-throughput")
+        return GpuThroughput(img_per_sec=published.samples_per_sec, batch_per_gpu=published.batch_per_gpu,
+                             source=f"catalog, {instance.gpu_model} {workload} mixed precision: {published.source}")
     key = f"{instance.gpu_model}/{precision}"
     if measured and key in measured:
         return measured[key]

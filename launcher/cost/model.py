@@ -1,7 +1,10 @@
-"""A pure performance and cost model for data-parallel ResNet-50 training on catalog instances.
+"""A pure performance and cost model for data-parallel training (ResNet-50, BERT-large, Mask R-CNN, a custom model;
+launcher.cost.workloads) on catalog instances.
 
-One step on every GPU: compute ``batch_per_gpu`` images, then reduce the gradients across the cluster. Only the
-communication that backward propagation cannot hide is added to the step. Three ways to reduce (``strategy``):
+One step on every GPU: compute ``batch_per_gpu`` samples (``accumulation_steps`` times where the recipe accumulates
+gradients), then reduce the gradients across the cluster. Only the communication that backward cannot hide is added
+to the step, and across nodes what a synchronous step costs beyond it (:func:`sync_overhead`: the slowest node, one
+negotiation). Three ways to reduce (``strategy``):
 
 - ``horovod``: hierarchical ring allreduce, what NCCL and Horovod do on multi-GPU nodes. A ring inside each node
   over the GPU interconnect, then a ring across nodes over the instance network (EFA or TCP), each costing
@@ -22,19 +25,14 @@ epoch end, a final validation pass, and the run's fixed costs (provisioning the 
 from S3). Everything is a function of catalog entries, counts, a :class:`Workload`, :class:`PriceQuote` s and the
 constants in :class:`ModelConstants`, where every assumption and fit is written down.
 
-Calibration, with the catalog's V100 figure (712 img/s, seed 000's stack):
-- seed 000, 8 x p3.16xlarge, Horovod over 25 Gbps TCP: 41.4k img/s, 90.9% scaling, 32.5 s per epoch including the
-  checkpoint and 48.7 min for 90 epochs with the final validation (their table: 41k, 90%, 33 s per epoch,
-  50 min); with provisioning and staging the billed time is 54 min. Their MXNet row (parameter servers at 2:1,
-  at the 747 img/s per GPU the row implies) comes out at 42.9k img/s, 90%, 31.4 s per epoch, 47 min (theirs:
-  44k, 92%, 31 s, 47 min);
-- seed 003, the same cluster with parameter servers: one server gives 38.3% scaling (theirs: 38%); one server
-  per worker 83%, clearly below Horovod; two per worker 90.7%, within 0.2 points of it, for 38% more money.
+Calibration and the published points held out from it: docs/model-validation.md (launcher.cost.validation), which
+the tests keep current and within tolerance.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,12 +53,12 @@ from launcher.cost.inputs import (
 from launcher.cost.prices import PriceQuote, catalog_quote
 from launcher.plans import loading
 
-__all__ = ["Estimate", "compare", "default_tier_nodes", "estimate", "model_notes", "node_efficiency"]
+__all__ = ["Estimate", "compare", "default_tier_nodes", "estimate", "model_notes", "node_efficiency", "sync_overhead"]
 
 _TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
 # A multi-node shape is network-bound when at least this share of each step waits on communication (seed 000's
-# 8 x p3.16xlarge on 25 Gbps TCP: 9%).
-NETWORK_BOUND_SHARE = 0.05
+# 8 x p3.16xlarge on 25 Gbps TCP: 4.8%, the rest of its 10% the slowest node's; 8 x p4d.24xlarge on EFA: none).
+NETWORK_BOUND_SHARE = 0.04
 
 
 class Estimate(BaseModel):
@@ -75,7 +73,10 @@ class Estimate(BaseModel):
     strategy: Strategy
     tier_type: str | None = Field(description="instance type of the reducers or parameter servers; None for horovod")
     tier_nodes: int
-    batch_per_gpu: int
+    batch_per_gpu: int = Field(description="samples per GPU per micro-batch (one forward and backward)")
+    workload: str = Field("resnet50", description="resnet50, bert-large, mask-rcnn or custom")
+    rate_unit: str = Field("img/s", description="img/s, seq/s or samples/s: the unit of images_per_sec")
+    accumulation_steps: int = Field(1, description="micro-batches per gradient sync (the recipe's global batch)")
     gpu_images_per_sec: float = Field(
         description="per-GPU throughput used: catalog, measured or override, divided by flops_ratio"
     )
@@ -86,10 +87,12 @@ class Estimate(BaseModel):
     inter_node_comm_s: float
     comm_time_s: float = Field(description="whole gradient reduction per step, before overlap")
     exposed_comm_time_s: float = Field(description="the part of comm_time_s backward could not hide")
+    sync_overhead_s: float = Field(0.0, description="per step across nodes: stragglers (the slowest node sets the "
+                                                    "pace) and negotiation; 0 on one node")
     comm_limited_by: str = Field(description="the link or processor that sets inter_node_comm_s")
     network_bytes_per_node: float = Field(description="bytes each worker node sends (and receives) per step")
-    step_time_s: float
-    images_per_sec: float
+    step_time_s: float = Field(description="one optimizer step: its micro-batches, exposed communication, sync")
+    images_per_sec: float = Field(description="samples/s in rate_unit (images, or sequences for bert-large)")
     scaling_efficiency: float
     bottleneck: str = Field(description="what bounds the step: GPU compute, communication or data loading (CPU)")
     bound: str = Field(description="input-bound, network-bound or compute-bound, for people")
@@ -135,7 +138,7 @@ class Estimate(BaseModel):
         """One line: '8 x p3.16xlarge (Horovod ring allreduce, on-demand): 41,417 img/s (91% scaling), ...'."""
         return (
             f"{self.shape} ({STRATEGY_LABELS[self.strategy]}, {self.market}): "
-            f"{self.images_per_sec:,.0f} img/s ({self.scaling_efficiency:.0%} scaling), "
+            f"{self.images_per_sec:,.0f} {self.rate_unit} ({self.scaling_efficiency:.0%} scaling), "
             f"{self.time_to_train_s / 60:,.0f} min, ${self.cost_usd:,.0f} "
             f"(${self.cluster_usd_per_hour:,.2f}/h, prices as of {self.price_date})"
         )
@@ -158,6 +161,8 @@ def model_notes(c: ModelConstants = DEFAULT_CONSTANTS) -> list[str]:
         f"backward is {c.backward_share:.2f} of a step's compute; communication hides behind at most "
         f"{c.overlap_fraction:.0%} of it (fitted to seed 000's 90%)",
         f"one node of 8 GPUs at {c.node_efficiency_8gpu:.1%} of 8 x one GPU (NVIDIA DeepLearningExamples, DGX-1)",
+        f"across nodes each step also waits for the slowest node ({c.straggler_cv:.1%} variation per micro-batch, "
+        f"sigma x sqrt(2 ln nodes), fitted to seed 002's 94%) and one negotiation ({c.negotiation_s * 1e3:g} ms)",
         f"data loading: all but one vCPU of each GPU rank's share decode, {c.loader_img_per_sec_per_core:g} images/s "
         f"per core on full-size shards, {c.loader_img_per_sec_per_core_resized:g} on --resize 256 shards "
         f"(bench/loader.py)",
@@ -175,9 +180,25 @@ def _ring_time(nbytes: float, members: int, bytes_per_sec: float, alpha_s: float
     return 2 * (members - 1) / members * nbytes / bytes_per_sec + alpha_s * 2 * (members - 1)
 
 
-def node_efficiency(gpus: int, c: ModelConstants = DEFAULT_CONSTANTS) -> float:
-    """One node's GPUs together against gpus x one: NVIDIA's 8-GPU figure, the loss in proportion to gpus - 1."""
-    return 1 - (1 - c.node_efficiency_8gpu) * max(0, gpus - 1) / 7
+def node_efficiency(gpus: int, c: ModelConstants = DEFAULT_CONSTANTS, eight: float | None = None) -> float:
+    """One node's GPUs together against gpus x one: NVIDIA's 8-GPU figure (``eight``, the workload's when it has
+    one, else ResNet-50's in ``c``), the loss in proportion to gpus - 1."""
+    eight = c.node_efficiency_8gpu if eight is None else eight
+    return 1 - (1 - eight) * max(0, gpus - 1) / 7
+
+
+def sync_overhead(nodes: int, micro_s: float, accumulation: int, c: ModelConstants = DEFAULT_CONSTANTS) -> float:
+    """What a step across ``nodes`` costs beyond exposed communication (ModelConstants.straggler_cv, negotiation_s).
+
+    Stragglers: each node's time between syncs (``accumulation`` micro-batches of ``micro_s``) varies with
+    coefficient of variation ``straggler_cv`` per micro-batch, adding in quadrature over the micro-batches; the step
+    waits for the slowest of ``nodes``, about sigma * sqrt(2 ln n) above the mean. Plus one negotiation per sync.
+    0 on one node, whose ranks' spread NVIDIA's single-node figure already holds.
+    """
+    if nodes <= 1:
+        return 0.0
+    sigma = c.straggler_cv * micro_s * math.sqrt(accumulation)
+    return sigma * math.sqrt(2 * math.log(nodes)) + c.negotiation_s
 
 
 def _verdict(instance: InstanceType, nodes: int, strategy: str, bottleneck: str, exposed_s: float, step_s: float,
@@ -232,7 +253,7 @@ def estimate(
     gpu_throughput: float | None = None,
     precision: Precision = "amp",
     measured: Mapping[str, GpuThroughput] | None = None,
-    batch_per_gpu: int = 256,
+    batch_per_gpu: int | None = None,
     price: PriceQuote | None = None,
     tier_price: PriceQuote | None = None,
     constants: ModelConstants = DEFAULT_CONSTANTS,
@@ -241,15 +262,18 @@ def estimate(
     """Throughput, time and cost of training ``workload`` on ``nodes`` x ``instance`` with ``strategy``.
 
     ``tier``/``tier_nodes``: the reducers' or parameter servers' type and count (defaults: :data:`DEFAULT_TIER_TYPE`,
-    :func:`default_tier_nodes`). ``gpu_throughput`` overrides the single-GPU ResNet-50 images/s (before
-    ``flops_ratio``). ``price``/``tier_price`` default to the catalog's on-demand quotes. Bad arguments raise
-    ``ValueError`` with a one-line message.
+    :func:`default_tier_nodes`). ``gpu_throughput`` overrides the single-GPU samples/s of the workload (ResNet-50
+    images/s before ``flops_ratio``). ``batch_per_gpu`` None: the published figure's batch (ResNet-50: 256).
+    ``price``/``tier_price`` default to the catalog's on-demand quotes. Bad arguments raise ``ValueError`` with a
+    one-line message.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy '{strategy}'; choose one of: {', '.join(STRATEGIES)}")
-    throughput = resolve_gpu_throughput(instance, precision, override=gpu_throughput, measured=measured)
+    throughput = resolve_gpu_throughput(instance, precision, override=gpu_throughput, measured=measured,
+                                        workload=workload.name)
     if nodes < 1:
         raise ValueError(f"nodes must be at least 1, got {nodes}")
+    batch_per_gpu = (throughput.batch_per_gpu or 256) if batch_per_gpu is None else batch_per_gpu
     if batch_per_gpu < 1:
         raise ValueError(f"batch_per_gpu must be at least 1, got {batch_per_gpu}")
     if strategy == "horovod":
@@ -277,9 +301,13 @@ def estimate(
     per_gpu = throughput.img_per_sec / workload.flops_ratio
     gpus = instance.gpus
     total_gpus = nodes * gpus
-    node_eff = node_efficiency(gpus, c)
-    compute_s = batch_per_gpu / (per_gpu * node_eff)
-    backward_s = c.backward_share * compute_s
+    node_eff = node_efficiency(gpus, c, workload.node_efficiency_8gpu)
+    # Gradient accumulation (NVIDIA's BERT and Mask R-CNN recipes): micro-batches until the recipe's global batch,
+    # then one gradient sync; communication hides only behind the last micro-batch's backward.
+    accumulation = max(1, workload.global_batch // (total_gpus * batch_per_gpu)) if workload.global_batch else 1
+    micro_s = batch_per_gpu / (per_gpu * node_eff)
+    compute_s = accumulation * micro_s
+    backward_s = c.backward_share * micro_s
     grad = workload.grad_bytes
 
     intra_bytes_per_sec = instance.gpu_interconnect_gbps * 1e9 / 2 * c.interconnect_efficiency
@@ -329,15 +357,18 @@ def estimate(
     comm_s = intra_s + inter_s
     exposed_s = max(0.0, comm_s - c.overlap_fraction * backward_s)
 
-    step_s = compute_s + exposed_s
+    sync_s = sync_overhead(nodes, micro_s, accumulation, c)
+    step_s = compute_s + exposed_s + sync_s
+    samples_per_step = total_gpus * batch_per_gpu * accumulation
     plan = loading.for_instance(instance)
     per_core = c.loader_img_per_sec_per_core_resized if resized_shards else c.loader_img_per_sec_per_core
+    images_per_sec = demand = samples_per_step / step_s
+    # A workload whose loader reads prepared tensors (BERT's pre-tokenized shards) has no JPEG-decoding ceiling.
     loader_ceiling = nodes * loading.decode_capacity(instance.vcpus, plan.processes_per_node(gpus), per_core,
-                                                     c.smt_gain)
-    images_per_sec = demand = total_gpus * batch_per_gpu / step_s
+                                                     c.smt_gain) if workload.decodes_images else demand
     bottleneck = "communication" if exposed_s > compute_s else "GPU compute"
     if images_per_sec > loader_ceiling:
-        images_per_sec, step_s, bottleneck = (loader_ceiling, total_gpus * batch_per_gpu / loader_ceiling,
+        images_per_sec, step_s, bottleneck = (loader_ceiling, samples_per_step / loader_ceiling,
                                               "data loading (CPU)")
     # Against one node's GPUs (the seeds' and MLPerf's sense): nodes x gpus x per-GPU x the node's own efficiency.
     efficiency = images_per_sec / (total_gpus * per_gpu * node_eff)
@@ -346,8 +377,8 @@ def estimate(
 
     checkpoint_s = workload.checkpoint_bytes / c.checkpoint_write_bytes_per_sec if workload.checkpoint_every_epoch \
         else 0.0
-    eval_rate = min(total_gpus * per_gpu * node_eff / (1 - c.backward_share), loader_ceiling)
-    validation_s = workload.val_images / eval_rate
+    eval_rate = total_gpus * per_gpu * node_eff / (1 - c.backward_share)
+    validation_s = workload.val_images / (min(eval_rate, loader_ceiling) if workload.decodes_images else eval_rate)
     epoch_s = workload.images_per_epoch / images_per_sec + checkpoint_s
     training_s = workload.epochs * epoch_s + validation_s
     s3_rate = min(worker_bw, c.s3_max_gbps * 1e9 / 8) * c.s3_efficiency
@@ -357,26 +388,37 @@ def estimate(
     tier_hourly = tier_price.usd_per_hour if tier_price is not None and tier is not None else 0.0
     cluster_hourly = nodes * price.usd_per_hour + tier_nodes * tier_hourly
 
+    unit = workload.rate_unit
     assumptions = [
-        f"per-GPU throughput {throughput.img_per_sec:,.0f} img/s ({throughput.source.split(':')[0]}) / flops_ratio "
-        f"{workload.flops_ratio:g} = {per_gpu:,.0f} img/s at batch {batch_per_gpu}",
+        f"workload {workload.name}: {workload.images_per_epoch:,} {workload.sample_noun} per epoch x "
+        f"{workload.epochs} epoch(s)"
+        + (f"; global batch {workload.global_batch:,}: {accumulation} micro-batch(es) of {batch_per_gpu} per GPU "
+           f"per gradient sync" if workload.global_batch else ""),
+        f"per-GPU throughput {throughput.img_per_sec:,.0f} {unit} ({throughput.source.split(':')[0]}) / flops_ratio "
+        f"{workload.flops_ratio:g} = {per_gpu:,.0f} {unit} at batch {batch_per_gpu}",
         f"gradients {grad / 1e6:,.1f} MB per step ({workload.param_count:,} params x "
         f"{workload.grad_bytes_per_param} B{', fp16 compression' if workload.grad_bytes_per_param == 2 else ''})",
         f"intra-node ring over {instance.gpu_interconnect_gbps:g} GB/s per GPU (bidirectional), "
         f"{c.interconnect_efficiency:.0%} of one direction",
         comm_note,
         f"backward = {c.backward_share:.2f} of compute; communication hides behind at most "
-        f"{c.overlap_fraction:.0%} of backward",
-        f"one node's {gpus} GPU(s) at {node_eff:.1%} of {gpus} x the single-GPU figure (NVIDIA's DGX-1 8-GPU "
-        f"result: {c.node_efficiency_8gpu:.1%})",
-        f"data loading: {plan.workers_per_rank} loader processes per GPU rank ({plan.processes_per_node(gpus)} per "
-        f"node on {instance.vcpus} vCPUs) at {per_core:g} img/s per core measured by bench/loader.py on "
-        f"{'resized' if resized_shards else 'full-size'} shards = {loader_ceiling / nodes:,.0f} img/s per node; "
-        f"{advice}",
+        f"{c.overlap_fraction:.0%} of the last micro-batch's backward",
+        f"one node's {gpus} GPU(s) at {node_eff:.1%} of {gpus} x the single-GPU figure (NVIDIA's 8-GPU result for "
+        f"{'ResNet-50' if workload.node_efficiency_8gpu is None else workload.name}: "
+        f"{workload.node_efficiency_8gpu or c.node_efficiency_8gpu:.1%})",
+        f"across nodes, {sync_s * 1e3:,.1f} ms per step beyond communication: the slowest of {nodes} node(s) at "
+        f"{c.straggler_cv:.1%} variation per micro-batch (sigma x sqrt(2 ln n)) and {c.negotiation_s * 1e3:g} ms of "
+        f"negotiation (Horovod's cycle time); none on one node",
+        (f"data loading: {plan.workers_per_rank} loader processes per GPU rank ({plan.processes_per_node(gpus)} per "
+         f"node on {instance.vcpus} vCPUs) at {per_core:g} img/s per core measured by bench/loader.py on "
+         f"{'resized' if resized_shards else 'full-size'} shards = {loader_ceiling / nodes:,.0f} img/s per node; "
+         if workload.decodes_images else f"data loading: no JPEG-decoding ceiling for {workload.name}'s loader; ")
+        + advice,
         f"fixed costs: provisioning {c.provisioning_s:g} s; staging {workload.staged_bytes / 1e9:,.1f} GB from S3 at "
         f"{c.s3_efficiency:.0%} of min(line rate, {c.s3_max_gbps:g} Gbps) per node; a "
         f"{workload.checkpoint_bytes / 1e6:,.0f} MB checkpoint per epoch at "
-        f"{c.checkpoint_write_bytes_per_sec / 2**20:g} MiB/s; one validation pass over {workload.val_images:,} images",
+        f"{c.checkpoint_write_bytes_per_sec / 2**20:g} MiB/s; one validation pass over {workload.val_images:,} "
+        f"{workload.sample_noun}",
         f"{price.region} Linux {price.label()} per {instance.name}"
         + (f"; {tier_price.label()} per {tier.name}" if tier is not None and tier_price is not None else ""),
     ]
@@ -392,6 +434,9 @@ def estimate(
         tier_type=tier.name if tier is not None else None,
         tier_nodes=tier_nodes,
         batch_per_gpu=batch_per_gpu,
+        workload=workload.name,
+        rate_unit=unit,
+        accumulation_steps=accumulation,
         gpu_images_per_sec=per_gpu,
         node_efficiency=node_eff,
         throughput_source=throughput.source,
@@ -400,6 +445,7 @@ def estimate(
         inter_node_comm_s=inter_s,
         comm_time_s=comm_s,
         exposed_comm_time_s=exposed_s,
+        sync_overhead_s=sync_s,
         comm_limited_by=limited_by,
         network_bytes_per_node=per_node_bytes,
         step_time_s=step_s,
@@ -437,7 +483,7 @@ def compare(
     nodes: int,
     workload: Workload,
     *,
-    batch_per_gpu: int = 256,
+    batch_per_gpu: int | None = None,
     constants: ModelConstants = DEFAULT_CONSTANTS,
 ) -> list[Estimate]:
     """One catalog-throughput, on-demand, Horovod estimate per named instance type, in the order given.
