@@ -3,12 +3,17 @@
 Nothing here imports aws-cdk-lib: the launcher reads the same layout to set ``FI_PROVIDER``/NCCL devices, and the
 tests check it without synthesizing anything.
 
-EFA layout (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html, "basic configuration"):
+EFA layout (Amazon EC2 User Guide, "Maximize network bandwidth on Amazon EC2 instances with multiple network cards",
+https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html, the basic configuration, as of
+November 2026):
 
 - the primary interface sits on network card 0, device index 0, and is an EFA *with* ENA: it carries the node's
-  one private IP address (SSH, MPI's TCP bootstrap, S3, the VPC endpoints) and an EFA device;
-- every other network card gets one interface at device index 1 of type ``efa-only``: an EFA device with no
-  IP address. AWS introduced EFA-only interfaces (October 2024, every EFA instance type) so that a p5 does not
+  one private IP address (SSH, MPI's TCP bootstrap, S3, the VPC endpoints) and an EFA device (the page's basic
+  configuration puts a plain ENA interface there and an ``efa-only`` one at card 0, device index 1: the same one
+  address and one EFA device on card 0; an EFA-only interface can never be the primary);
+- every other network card gets one interface of type ``efa-only``: an EFA device with no IP address, at device
+  index **0** ("For each additional network interface, use the next unused network card index, device index 0, for
+  EFA-only network interface, and/or device index 1 for ENA network interface"). AWS introduced EFA-only interfaces (October 2024, every EFA instance type) so that a p5 does not
   take 32 addresses from the subnet and Linux does not see 32 ENA devices in one subnet, whose source-address
   routing drops packets. NCCL (aws-ofi-nccl) uses EFA devices, not IP addresses, so all cards still carry
   collective traffic: p4d 4 devices (400 Gbps), p5 32 (3,200 Gbps), p5en 16 (3,200 Gbps).
@@ -53,7 +58,8 @@ def interfaces(instance: InstanceType, *, efa: bool) -> tuple[Interface, ...]:
     if not instance.has_efa:
         raise ValueError(f"{instance.name} has no EFA network cards")
     primary = Interface(0, 0, "efa")
-    return (primary, *(Interface(card, 1, "efa-only") for card in range(1, instance.efa_cards)))
+    # Device index 0 on cards 1..N: the EFA-only interface is each of those cards' first (see the module's notes).
+    return (primary, *(Interface(card, 0, "efa-only") for card in range(1, instance.efa_cards)))
 
 
 def efa_device_count(layout: tuple[Interface, ...]) -> int:

@@ -186,7 +186,8 @@ def test_p4d_has_one_efa_device_per_network_card(p4d_fsx: Synth) -> None:
     interfaces = p4d_fsx.interfaces()
     assert catalog.get("p4d.24xlarge").efa_cards == 4
     assert [i["NetworkCardIndex"] for i in interfaces] == [0, 1, 2, 3]
-    assert [i["DeviceIndex"] for i in interfaces] == [0, 1, 1, 1]
+    # efa-only at device index 0 of cards 1..3 (EC2 User Guide, efa-acc-inst-types.html, basic configuration).
+    assert [i["DeviceIndex"] for i in interfaces] == [0, 0, 0, 0]
     assert [i["InterfaceType"] for i in interfaces] == ["efa", "efa-only", "efa-only", "efa-only"]
 
 
@@ -200,7 +201,7 @@ def test_p5_has_32_efa_devices(p5_spot: Synth) -> None:
     interfaces = p5_spot.interfaces()
     assert len(interfaces) == catalog.get("p5.48xlarge").efa_cards == 32
     assert [i["NetworkCardIndex"] for i in interfaces] == list(range(32))
-    assert [i["DeviceIndex"] for i in interfaces] == [0] + [1] * 31
+    assert [i["DeviceIndex"] for i in interfaces] == [0] * 32
     assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * 31
 
 
@@ -836,9 +837,9 @@ def test_outputs_describe_workers_and_reducers(p4d_fsx: Synth, p5_spot: Synth) -
         "transport": "efa",
         "efa_devices": [
             {"network_card_index": 0, "device_index": 0, "interface_type": "efa"},
-            {"network_card_index": 1, "device_index": 1, "interface_type": "efa-only"},
-            {"network_card_index": 2, "device_index": 1, "interface_type": "efa-only"},
-            {"network_card_index": 3, "device_index": 1, "interface_type": "efa-only"},
+            {"network_card_index": 1, "device_index": 0, "interface_type": "efa-only"},
+            {"network_card_index": 2, "device_index": 0, "interface_type": "efa-only"},
+            {"network_card_index": 3, "device_index": 0, "interface_type": "efa-only"},
         ],
     }
     assert reducers == {

@@ -29,8 +29,10 @@ def test_every_efa_card_gets_one_efa_device(name: str) -> None:
     assert layout.efa_device_count(interfaces) == entry.efa_cards
     # The primary interface (card 0, device 0) carries the node's IP address and an EFA device...
     assert interfaces[0] == layout.Interface(0, 0, "efa")
-    # ...every other card an address-less EFA-only interface at device index 1.
-    assert all(i.device_index == 1 and i.interface_type == "efa-only" for i in interfaces[1:])
+    # ...every other card an address-less EFA-only interface, its first, at device index 0 ("For each additional
+    # network interface, use the next unused network card index, device index 0, for EFA-only network interface":
+    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html). p5en: cards 1..15; p5: 1..31.
+    assert all(i.device_index == 0 and i.interface_type == "efa-only" for i in interfaces[1:])
 
 
 @pytest.mark.parametrize(

@@ -128,7 +128,7 @@ def test_efa_types_get_interfaces_per_card_and_the_efa_env(name, cards, rdma):
     for node, dev in zip(("node0", "node1"), doc["efa_devices"], strict=True):
         assert dev["node"] == node
         assert [(i["network_card_index"], i["device_index"]) for i in dev["interfaces"]] == \
-            [(0, 0)] + [(card, 1) for card in range(1, cards)]
+            [(0, 0)] + [(card, 0) for card in range(1, cards)]
     # The plan is for the image ami/ builds: its aws-ofi-nccl and libfabric need none of the old workarounds.
     assert doc["software"] == {"aws_ofi_nccl": load_versions().aws_ofi_nccl, "libfabric": load_versions().libfabric}
     assert doc["env"] == {"OMP_NUM_THREADS": str(get(name).vcpus // get(name).gpus), "PYTHONUNBUFFERED": "1",

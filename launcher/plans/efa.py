@@ -2,8 +2,8 @@
 
 Sources:
 - Interfaces: ``infra.layout.interfaces``, the same function the launch templates are built from: card 0's
-  ``efa`` interface at device index 0 (the primary, with the node's IP), ``efa-only`` at device index 1 on every
-  other network card.
+  ``efa`` interface at device index 0 (the primary, with the node's IP), ``efa-only`` at device index 0 on every
+  other network card (EC2 User Guide, efa-acc-inst-types.html).
 - Environment: the aws-ofi-nccl EFA cheatsheet (https://github.com/aws/aws-ofi-nccl/blob/master/doc/efa-env-var.md,
   "1. Settings via environment variables" and "2. Sample Presets"). ``FI_PROVIDER=efa`` and ``NCCL_PROTO=simple``
   are needed with aws-ofi-nccl <= 1.5 on every EFA GPU instance; ``FI_EFA_USE_DEVICE_RDMA=1`` with aws-ofi-nccl
