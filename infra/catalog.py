@@ -40,6 +40,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "MAX_NODES",
     "WORKLOADS",
     "InstanceType",
     "PublishedThroughput",
@@ -47,8 +48,23 @@ __all__ = [
     "get",
     "gpu_types",
     "names",
+    "nodes_allowed",
     "published_throughput",
 ]
+
+
+# The most worker nodes any command plans, prices or deploys (`launch plan`, `launch cost`, the stack's nodes and so
+# `launch preflight`): one limit, said in one sentence (nodes_allowed). AWS publishes no hard cap on a cluster's
+# instances; its largest GPU clusters are EC2 UltraClusters of "up to 20,000 H100 GPUs" (Amazon EC2 P5 Instances,
+# https://aws.amazon.com/ec2/instance-types/p5/), i.e. 2,500 p5.48xlarge, and of "more than 4,000 A100 GPUs" (Amazon
+# EC2 P4 Instances, https://aws.amazon.com/ec2/instance-types/p4/), i.e. 500 p4d. 4,096 nodes is above both, so a
+# larger count is a typo (5000 for 500), never a cluster anyone can get.
+MAX_NODES = 4096
+
+
+def nodes_allowed(nodes: int) -> str | None:
+    """None for a worker-node count a command accepts, else what is allowed (after the option and its value)."""
+    return None if 1 <= nodes <= MAX_NODES else f"allowed: 1 to {MAX_NODES} worker nodes"
 
 
 class UnknownInstanceType(ValueError):

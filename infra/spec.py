@@ -101,7 +101,7 @@ class ClusterSpec(BaseModel):
     cluster_name: str = Field(description="stack name and tag value; CloudFormation-safe")
     region: str = Field(default="us-east-1", description="AWS region of the stack")
     instance_type: str = Field(description="worker instance type; a catalog entry with GPUs")
-    nodes: int = Field(ge=1, description="worker nodes")
+    nodes: int = Field(description=f"worker nodes, 1 to {catalog.MAX_NODES}")
     reducers: int = Field(default=0, ge=0, description="CPU reducer nodes beside the workers")
     reducer_type: str = Field(default="c5n.18xlarge", description="reducer instance type; a CPU catalog entry")
     storage: Literal["fsx", "beegfs", "none"] = "none"
@@ -142,6 +142,13 @@ class ClusterSpec(BaseModel):
     def _cluster_name(cls, value: str) -> str:
         if not _CLUSTER_NAME.fullmatch(value):
             raise ValueError("allowed: a letter, then up to 31 letters, digits or hyphens")
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, value: int) -> int:
+        if problem := catalog.nodes_allowed(value):  # the one limit `launch plan` and `launch cost` keep too
+            raise ValueError(problem)
         return value
 
     @field_validator("region")

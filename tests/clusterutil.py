@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # `launch train` options for a run that takes seconds on CPUs: a small model, small images, small batches.
-TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--warmup-epochs", "1",
+TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--warmup-epochs", "0.5",
         "--workers", "1"]
 
 

@@ -84,7 +84,8 @@ def test_a_grid_over_the_cap_is_refused_naming_its_size():
     (CostGrid(instance_types=("p9.huge",)), UnknownInstanceType, "unknown instance type 'p9.huge'"),
     (CostGrid(strategies=("ring",)), ValueError, r"unknown strategy 'ring'; choose from: horovod, ps, reducers"),
     (CostGrid(markets=("reserved",)), ValueError, r"unknown market 'reserved'; choose from: on-demand, spot"),
-    (CostGrid(nodes=(0, 2)), ValueError, r"node counts must be 1..4096, got 0"),
+    (CostGrid(nodes=(0, 2)), ValueError, r"--nodes 0: allowed: 1 to 4096 worker nodes"),
+    (CostGrid(nodes=(2, 4097)), ValueError, r"--nodes 4097: allowed: 1 to 4096 worker nodes"),
     (CostGrid(instance_types=("c5n.18xlarge",)), ValueError, r"c5n.18xlarge has no GPUs"),
     (CostGrid(nodes=()), ValueError, r"the grid's nodes list is empty"),
 ])
@@ -223,23 +224,33 @@ def test_launch_cost_writes_the_report(tmp_path, monkeypatch, capsys):
     assert "p3.16xlarge on-demand $24.48/h as of 2026-09-24" in stdout
 
 
-def test_refresh_without_aws_says_so_and_uses_the_catalog(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("markets", ["on-demand,spot", "spot"])
+def test_refresh_without_aws_is_one_line_and_fails(markets, tmp_path, monkeypatch, capsys):
+    """--refresh-prices asks for AWS's prices: without them the command stops (non-zero, one line naming the fetch
+    and the way without the flag), instead of two warnings and a report from the catalog; it never tells the user to
+    pass the flag they passed."""
     def offline(service):
         raise RuntimeError("Could not connect to the endpoint URL: https://api.pricing.us-east-1.amazonaws.com/")
 
     monkeypatch.setattr(pricing, "_client", offline)
     out = tmp_path / "report"
-    code, _, stderr = run_cli(["cost", "--instance-types", "p5.48xlarge", "--strategies", "horovod", "--nodes", "2",
-                               "--markets", "on-demand,spot", "--refresh-prices", "--out", str(out)],
-                              tmp_path / "home", monkeypatch, capsys)
-    assert code == 0, stderr
+    code, stdout, stderr = run_cli(["cost", "--instance-types", "p5.48xlarge", "--strategies", "horovod", "--nodes",
+                                    "2", "--markets", markets, "--refresh-prices", "--out", str(out)],
+                                   tmp_path / "home", monkeypatch, capsys)
+    assert code == 1 and stdout == ""
     lines = stderr.splitlines()
-    assert "warning: could not fetch on-demand prices from AWS (RuntimeError: Could not connect" in lines[0]
-    assert "warning: using the offline catalog's on-demand prices (p5.48xlarge 2026-11-09)" in lines
-    assert "warning: no spot price for p5.48xlarge: those cells are left out" in stderr
-    md = (out / "report.md").read_text()
-    assert "using the offline catalog's on-demand prices (p5.48xlarge 2026-11-09)" in md
-    assert "| p5.48xlarge | on-demand | 55.04 | 2026-11-09 |" in md
+    assert len(lines) == 1 and lines[0].startswith("error: --refresh-prices: could not fetch "), stderr
+    assert "(RuntimeError: Could not connect" in lines[0] and "leave out --refresh-prices" in lines[0]
+    assert "pass --refresh-prices" not in stderr and "with --refresh-prices" not in stderr
+    assert not out.exists() and not pricing.cache_path(tmp_path / "home").exists()
+
+
+def test_out_empty_is_refused_not_the_current_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = run_cli(["cost", "--instance-types", "p5.48xlarge", "--strategies", "horovod", "--nodes",
+                                    "2", "--out", ""], tmp_path / "home", monkeypatch, capsys)
+    assert code == 2 and stderr.startswith("error: --out needs a directory name, got ''"), stderr
+    assert not (tmp_path / "report.html").exists() and not (tmp_path / "grid.csv").exists()
 
 
 def test_refreshed_prices_are_cached_and_used_next_time(tmp_path, monkeypatch, capsys):
@@ -265,11 +276,18 @@ def test_refreshed_prices_are_cached_and_used_next_time(tmp_path, monkeypatch, c
     (["--nodes", "1,two"], "error: --nodes: 'two' is not a valid item"),
     (["--markets", "spot", "--instance-types", "p5.48xlarge"], "error: no cell of the grid could be priced: no spot "
                                                                "price for "),
-    (["--ps-per-worker", "0"], "error: --ps-per-worker: Input should be greater than 0"),
+    (["--ps-per-worker", "0"], "error: --ps-per-worker must be > 0, got 0"),
+    (["--reducers-per-worker", "-1"], "error: --reducers-per-worker must be > 0, got -1"),
+    (["--gpu-throughput", "0"], "error: --gpu-throughput must be a number of images/s > 0, got 0"),
+    (["--epochs", "0"], "error: --epochs must be >= 1, got 0"),
+    (["--precision", "fp8"], "error: --precision must be one of: amp, fp32; got 'fp8'"),
+    (["--nodes", "2,4097"], "error: --nodes 4097: allowed: 1 to 4096 worker nodes"),
 ])
 def test_bad_input_is_one_line_and_non_zero(tmp_path, monkeypatch, capsys, args, message):
     code, stdout, stderr = run_cli(["cost", *args, "--out", str(tmp_path / "r")], tmp_path / "home", monkeypatch,
                                    capsys)
-    assert code == 1
+    # A bad option is a usage error (2, as click's own); a grid no price known here covers is not (1).
+    assert code == (1 if "could be priced" in message else 2)
+    assert "Input should" not in stderr and "_" not in stderr.split()[1], stderr
     assert stderr.startswith(message) and stderr.count("\n") == 1, stderr
     assert not (tmp_path / "r").exists()

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
 
 # Small and quick on one GPU; 4 classes of the sample data set at 64 px.
 TINY = ["--model", "resnet18", "--image-size", "64", "--batch-per-gpu", "32", "--workers", "2",
-        "--warmup-epochs", "1", "--lr-per-256", "0.8", "--log-every", "1", "--no-tensorboard"]
+        "--warmup-epochs", "0.5", "--lr-per-256", "0.8", "--log-every", "1", "--no-tensorboard"]
 
 
 def free_port() -> int:

@@ -114,8 +114,11 @@ def test_beegfs_ram_disk_is_a_quarter_of_worker_memory_and_roles_name_every_node
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ({"nodes": "0"}, "nodes='0': input should be greater than or equal to 1"),
-        ({"nodes": "-3"}, "nodes='-3': input should be greater than or equal to 1"),
+        # The one node limit (infra.catalog.MAX_NODES) `launch plan` and `launch cost` say the same way, both sides.
+        ({"nodes": "0"}, "nodes='0': allowed: 1 to 4096 worker nodes"),
+        ({"nodes": "-3"}, "nodes='-3': allowed: 1 to 4096 worker nodes"),
+        ({"nodes": "4097"}, "nodes='4097': allowed: 1 to 4096 worker nodes"),
+        ({"nodes": "100000"}, "nodes='100000': allowed: 1 to 4096 worker nodes"),
         ({"instance_type": "p9.huge"}, "instance_type='p9.huge': not in the instance catalog; allowed: p3.2xlarge"),
         ({"instance_type": "c5n.18xlarge"}, "instance_type='c5n.18xlarge': has no GPUs; allowed: p3.2xlarge"),
         (

@@ -80,7 +80,8 @@ def test_reducers_0_means_no_reducer_tier(tmp_path, monkeypatch, capsys):
     assert code == 0 and json.loads(out)["shape"]["reducers"] == 8
     code, out, err = launch_plan(["--nodes", "8", "--instance-type", "p4d.24xlarge", "--strategy", "reducers",
                                   "--reducers", "0"], tmp_path, monkeypatch, capsys)
-    assert code != 0 and out == "" and err == "error: the reducers strategy needs at least 1 reducer node, got 0\n"
+    assert code == 2 and out == "" and err.startswith("error: the reducers strategy needs at least 1 reducer node, "
+                                                      "got 0 (see `launch plan --help`)")
 
 
 # --- Tables in a pipe or a log ----------------------------------------------------------------------------------
@@ -233,9 +234,10 @@ def test_plan_gpu_throughput_override_and_spot_from_the_cache(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--nodes", "2", "--instance-type", "p9.huge"], "error: unknown instance type 'p9.huge'; choose one of:"),
+    (["--nodes", "2", "--instance-type", "p9.huge"], "error: --instance-type: unknown instance type 'p9.huge'; "
+                                                     "choose one of:"),
     (["--nodes", "2", "--instance-type", "c5n.18xlarge"], "error: c5n.18xlarge has no GPUs"),
-    (["--nodes", "0", "--instance-type", "p5.48xlarge"], "error: --nodes must be >= 1, got 0"),
+    (["--nodes", "0", "--instance-type", "p5.48xlarge"], "error: --nodes 0: allowed: 1 to 4096 worker nodes"),
     (["--nodes", "2", "--instance-type", "p5.48xlarge", "--strategy", "ring"], "error: unknown strategy 'ring'"),
     (["--nodes", "2", "--instance-type", "p5.48xlarge", "--strategy", "horovod", "--reducers", "2"],
      "error: the horovod strategy has no reducer or server nodes"),
@@ -246,11 +248,62 @@ def test_plan_gpu_throughput_override_and_spot_from_the_cache(tmp_path, monkeypa
     (["--nodes", "4096", "--instance-type", "p5.48xlarge"], "error: 1,281,167 images over 32768 ranks is 39 per "
                                                             "rank, fewer than one batch of 256"),
     (["--instance-type", "p5.48xlarge"], "error: Missing option '--nodes'"),
+    # The one node limit (infra.catalog.MAX_NODES), on both sides, as `launch cost` and the stack say it.
+    (["--nodes", "4097", "--instance-type", "p5.48xlarge", "--images-per-epoch", "999999999"],
+     "error: --nodes 4097: allowed: 1 to 4096 worker nodes"),
+    (["--nodes", "5000", "--instance-type", "p4d.24xlarge"], "error: --nodes 5000: allowed: 1 to 4096 worker nodes"),
+    (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--gpu-throughput", "0"],
+     "error: --gpu-throughput must be a number of images/s > 0, got 0"),
+    (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--precision", "fp8"],
+     "error: --precision must be one of: amp, fp32; got 'fp8'"),
+    # A warmup that reaches the end of the run: the LR would never decay.
+    (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--warmup-epochs", "200"],
+     "error: --warmup-epochs 200 reaches the end of the 90-epoch run"),
+    (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", "15", "--warmup-epochs", "15"],
+     "error: --warmup-epochs 15 reaches the end of the 15-epoch run"),
+    (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--warmup-epochs", "-1"],
+     "error: --warmup-epochs must be >= 0, got -1"),
 ])
 def test_bad_input_is_one_line_and_non_zero(args, message, tmp_path, monkeypatch, capsys):
     code, out, err = launch_plan(args, tmp_path, monkeypatch, capsys)
-    assert code != 0 and out == ""
+    # A bad option is a usage error (2, as click's own); a price this machine has not fetched is not (1).
+    assert code == (1 if "spot price" in message else 2) and out == ""
     assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_the_node_limit_admits_its_last_count(tmp_path, monkeypatch, capsys):
+    code, out, err = launch_plan(["--nodes", "4096", "--instance-type", "p5.48xlarge", "--images-per-epoch",
+                                  "999999999", "--json"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads(out)["shape"]["nodes"] == 4096
+
+
+@pytest.mark.parametrize(("epochs", "warmup"), [(90, 10), (15, 1.67), (1, 0.11), (30, 3.33)])
+def test_the_default_warmup_is_the_seeds_share_of_the_run_and_the_plan_shows_it(epochs, warmup, tmp_path,
+                                                                                 monkeypatch, capsys):
+    from training.train import parse_args
+
+    code, out, err = launch_plan(["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", str(epochs),
+                                  "--json"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["warmup_epochs"] == warmup
+    argv = doc["mpirun"]
+    assert float(argv[argv.index("--warmup-epochs") + 1]) == warmup  # what the ranks are told
+    # The trainer, left to itself, takes the same default (a run started without the plan's line agrees with it).
+    assert parse_args(["--output", "x", "--synthetic", "--epochs", str(epochs)]).warmup_epochs == warmup
+    # The peak is reached after the warmup, not at the end: the LR decays to 0 at the last epoch.
+    assert doc["lr_schedule"][-1][1] == 0
+    code, out, err = launch_plan(["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", str(epochs)],
+                                 tmp_path, monkeypatch, capsys)
+    assert f"after {warmup:g} warmup epoch(s)" in out
+
+
+def test_a_warmup_just_short_of_the_run_is_accepted(tmp_path, monkeypatch, capsys):
+    code, out, err = launch_plan(["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", "15",
+                                  "--warmup-epochs", "14.9", "--json"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads(out)["warmup_epochs"] == 14.9
 
 
 def test_recorded_measurements_replace_the_catalog_figure_and_the_loader_assumption(tmp_path, monkeypatch, capsys):

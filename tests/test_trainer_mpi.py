@@ -24,7 +24,7 @@ pytestmark = pytest.mark.mpi
 
 # Tiny and fast on 2 CPU ranks; 4 classes, 96 training and 24 validation images in shards of 12.
 TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--workers", "1", "--threads", "1",
-        "--warmup-epochs", "1", "--lr-per-256", "0.8", "--log-every", "2"]
+        "--warmup-epochs", "0.5", "--lr-per-256", "0.8", "--log-every", "2"]
 
 
 def free_port() -> int:

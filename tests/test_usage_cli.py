@@ -41,3 +41,9 @@ def test_field_names_in_a_message_become_the_options_of_the_running_command():
         "--gpu-throughput must be a positive number; nodes too"  # a plain word stays a word
     assert common.option_names("--gpu-throughput is fine", flags) == "--gpu-throughput is fine"
 
+
+def test_a_usage_error_inside_a_command_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path))
+    assert cli.main(["cost", "--reducers-per-worker", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --reducers-per-worker must be > 0, got -1 (see `launch cost --help`)"]

@@ -1,13 +1,38 @@
 """The learning-rate schedule of seed 000, as a pure function of the step.
 
 LR 0.1 per 256 images scaled linearly with the global batch (6.4 for 64 GPUs x 256); linear warmup from
-0.001 to the peak over `warmup_epochs`; then polynomial decay of power 2 to 0 at the last epoch.
-Updated every step, not every epoch.
+0.001 to the peak over `warmup_epochs` (by default the seed's share of the run: 10 of 90 epochs); then polynomial
+decay of power 2 to 0 at the last epoch. Updated every step, not every epoch. The trainer and `launch plan` both take
+their default and their check from here, so the plan shows the schedule the run will follow.
 """
 
 from __future__ import annotations
 
 import math
+
+# Seed 000 warms up for 10 of its 90 epochs. The warmup exists to survive the first steps at a large batch's LR
+# ("gradual warmup", Goyal et al., Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour,
+# https://arxiv.org/abs/1706.02677, 5 of 90 epochs there); a shorter run keeps the same share, not the same 10
+# epochs, which would leave a 15-epoch run two thirds in warmup.
+SEED_WARMUP_EPOCHS, SEED_EPOCHS = 10.0, 90
+
+
+def default_warmup_epochs(epochs: int) -> float:
+    """The warmup a run of ``epochs`` gets unless told otherwise: the seed's 10 of 90, to two decimals (10 for 90,
+    1.67 for 15, 0.11 for 1)."""
+    return round(SEED_WARMUP_EPOCHS * epochs / SEED_EPOCHS, 2)
+
+
+def warmup_problem(warmup_epochs: float, epochs: int) -> str | None:
+    """None for a warmup the run can finish, else one line naming the options: a warmup that reaches the end of the
+    run leaves the LR climbing (or at its peak) to the last step, never decaying."""
+    if not warmup_epochs >= 0:  # also NaN
+        return f"--warmup-epochs must be >= 0, got {warmup_epochs:g}"
+    if warmup_epochs >= epochs:
+        return (f"--warmup-epochs {warmup_epochs:g} reaches the end of the {epochs}-epoch run, so the LR would never "
+                f"decay; allowed: 0 to less than --epochs (default for {epochs}: "
+                f"{default_warmup_epochs(epochs):g}, the seed's 10 of 90)")
+    return None
 
 
 def peak_lr(global_batch: int, lr_per_256: float = 0.1) -> float:

@@ -30,7 +30,7 @@ from training import durable
 from training import engine as engines
 from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
 from training.model import ARCHITECTURES, build_model
-from training.schedule import lr_at, peak_lr
+from training.schedule import default_warmup_epochs, lr_at, peak_lr, warmup_problem
 from training.transforms import normalize
 
 
@@ -44,7 +44,7 @@ class Config:
     batch_per_gpu: int = 256        # images per rank per optimizer step (split over --backward-passes-per-step)
     backward_passes_per_step: int = 1  # micro-batches per step; gradients are reduced once per step
     lr_per_256: float = 0.1         # LR per 256 images, scaled linearly with the global batch
-    warmup_epochs: float = 10.0     # linear warmup from warmup_start to the peak
+    warmup_epochs: float | None = None  # linear warmup to the peak, in epochs; unset: 10 per 90 --epochs (seed 000)
     warmup_start: float = 0.001     # LR at step 0
     decay: str = "poly"             # poly (power 2, seed 000) or cosine
     momentum: float = 0.9           # Nesterov
@@ -114,14 +114,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
         flag, kw = "--" + name.replace("_", "-"), {"help": helps.get(name, " ")}
         if name == "output":
             p.add_argument(flag, required=True, **kw)
-        elif name == "data":
-            p.add_argument(flag, default="", **kw)
         elif isinstance(default, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, **kw)
         elif name in CHOICES:
             p.add_argument(flag, default=default, choices=CHOICES[name], **kw)
         else:
-            p.add_argument(flag, type=type(default), default=default, **kw)
+            p.add_argument(flag, type=float if default is None else type(default), default=default, **kw)
     cfg = Config(**vars(p.parse_args(argv)))
     for name in ("epochs", "batch_per_gpu", "image_size", "log_every", "backward_passes_per_step", "num_classes",
                  "initial_loss_scale"):
@@ -130,13 +128,15 @@ def parse_args(argv: list[str] | None = None) -> Config:
     for name in ("steps_per_epoch", "val_every", "threads", "workers"):
         if getattr(cfg, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    cfg.warmup_epochs = default_warmup_epochs(cfg.epochs) if cfg.warmup_epochs is None else cfg.warmup_epochs
     if cfg.batch_per_gpu % cfg.backward_passes_per_step:
         p.error(f"--batch-per-gpu {cfg.batch_per_gpu} must be a multiple of --backward-passes-per-step "
                 f"{cfg.backward_passes_per_step}")
     if (cfg.engine == "reducer") != (cfg.reducers > 0):
         p.error(f"--engine reducer needs --reducers K >= 1 (and only it takes them); got --engine {cfg.engine} "
                 f"--reducers {cfg.reducers}")
-    if problem := durable.check_options(cfg.checkpoint_to, cfg.aws_region, cfg.aws_cli):
+    if problem := warmup_problem(cfg.warmup_epochs, cfg.epochs) or durable.check_options(
+            cfg.checkpoint_to, cfg.aws_region, cfg.aws_cli):
         p.error(problem)
     if not cfg.data and not cfg.synthetic:
         p.error("--data is required (a directory made by `launch data convert`), unless --synthetic")

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from launcher.cli.common import console, err
+from launcher.cli.common import console, err, option_names, usage_error, validation_error
 from launcher.errors import LaunchError
 from launcher.plans import job
 
@@ -29,7 +29,9 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                                                                    "with --reducers or --reducer-type, else horovod."),
              epochs: int = typer.Option(90, "--epochs"),
              batch_per_gpu: int = typer.Option(256, "--batch-per-gpu", help="Images per rank per step."),
-             warmup_epochs: float = typer.Option(10.0, "--warmup-epochs", help="Linear warmup (seed 000: 10)."),
+             warmup_epochs: float = typer.Option(None, "--warmup-epochs", help="Linear warmup, in epochs, less "
+                                                 "than --epochs; default: the seed's 10 of every 90 (10 for 90, "
+                                                 "1.67 for 15), as the trainer's."),
              images_per_epoch: int = typer.Option(1_281_167, "--images-per-epoch", help="Default: ImageNet-1k."),
              gpu_throughput: float = typer.Option(None, "--gpu-throughput", help="Single-GPU ResNet-50 images/s; "
                                                                                 "overrides the catalog's figure."),
@@ -49,14 +51,23 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     from launcher.cost.model import Estimate
     from launcher.cost.prices import MARKETS, PriceUnavailable
     from launcher.plans import offline
+    from training.schedule import default_warmup_epochs, warmup_problem
 
-    for name, value, low in (("--nodes", nodes, 1), ("--epochs", epochs, 1), ("--batch-per-gpu", batch_per_gpu, 1),
+    check_nodes(nodes)
+    for name, value, low in (("--epochs", epochs, 1), ("--batch-per-gpu", batch_per_gpu, 1),
                              ("--images-per-epoch", images_per_epoch, 1), ("--reducers", reducers, 0)):
         if value is not None and value < low:
-            raise LaunchError(f"{name} must be >= {low}, got {value}")
+            raise usage_error(f"{name} must be >= {low}, got {value}")
+    check_throughput(gpu_throughput)
+    check_precision(precision)
+    warmup_epochs = default_warmup_epochs(epochs) if warmup_epochs is None else warmup_epochs
+    if problem := warmup_problem(warmup_epochs, epochs):
+        raise usage_error(problem)
     if market not in MARKETS:
-        raise LaunchError(f"unknown market '{market}'; choose one of: {', '.join(MARKETS)}")
-    workers = costshell.instance(instance_type)
+        raise usage_error(f"unknown market '{market}'; choose one of: {', '.join(MARKETS)}")
+    workers = catalog_type(instance_type, "--instance-type")
+    if reducer_type:
+        catalog_type(reducer_type, "--reducer-type")
     # An explicit --reducers 0 means no tier; only a count left out takes the model's default.
     if reducers == 0 and reducer_type and strategy is None:
         err.print(f"warning: --reducers 0 plans no reducer tier; --reducer-type {reducer_type} is not used",
@@ -64,7 +75,7 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         reducer_type = None
     strategy = strategy or ("reducers" if reducers or reducer_type else "horovod")
     if strategy not in STRATEGIES:
-        raise LaunchError(f"unknown strategy '{strategy}'; choose one of: {', '.join(STRATEGIES)}")
+        raise usage_error(f"unknown strategy '{strategy}'; choose one of: {', '.join(STRATEGIES)}")
     tier = costshell.instance(reducer_type or DEFAULT_TIER_TYPE[strategy]) \
         if strategy != "horovod" or reducer_type else None
     workload = imagenet(epochs, fp16_allreduce=fp16_allreduce)
@@ -82,8 +93,10 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
             precision=precision, measured=figures, price=book.quote(workers.name, market),  # type: ignore[arg-type]
             tier_price=book.quote(tier.name, market) if tier else None,  # type: ignore[arg-type]
             constants=constants, resized_shards=resized_shards)
-    except (ValueError, PriceUnavailable) as e:
+    except PriceUnavailable as e:  # what this machine knows (no cached spot price), not the command line
         raise LaunchError(str(e)) from None
+    except ValueError as e:  # a shape or option the plan cannot be made for (no GPUs, fewer images than a batch)
+        raise usage_error(str(e)) from None
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
@@ -128,10 +141,43 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     schedule = doc["lr_schedule"]
     peak_epoch, peak = max(schedule, key=lambda row: row[1])
     console.print(f"lr: {schedule[0][1]:g} at epoch 0, peak {peak:g} at epoch {peak_epoch}, {schedule[-1][1]:g} at "
-                  f"epoch {schedule[-1][0]} ({doc['steps_per_epoch']} steps per epoch, global batch "
-                  f"{doc['global_batch']}; every epoch with --json)")
+                  f"epoch {schedule[-1][0]} after {doc['warmup_epochs']:g} warmup epoch(s) "
+                  f"({doc['steps_per_epoch']} steps per epoch, global batch {doc['global_batch']}; every epoch with "
+                  f"--json)")
     for line in e.assumptions + doc["notes"]:
         console.print(f"  - {line}", markup=False, highlight=False)
+
+
+def check_nodes(nodes: int, option: str = "--nodes") -> None:
+    """The one worker-node limit (infra.catalog.MAX_NODES), said as every command says it."""
+    from infra.catalog import nodes_allowed
+
+    if problem := nodes_allowed(nodes):
+        raise usage_error(f"{option} {nodes}: {problem}")
+
+
+def catalog_type(name: str, option: str):
+    """The catalog's entry; a name it does not hold is a bad option value."""
+    from launcher.cost import shell as costshell
+
+    try:
+        return costshell.instance(name)
+    except LaunchError as e:
+        raise usage_error(f"{option}: {e}") from None
+
+
+def check_precision(precision: str) -> None:
+    from typing import get_args
+
+    from launcher.cost.inputs import Precision
+
+    if precision not in get_args(Precision):
+        raise usage_error(f"--precision must be one of: {', '.join(get_args(Precision))}; got '{precision}'")
+
+
+def check_throughput(gpu_throughput: float | None) -> None:
+    if gpu_throughput is not None and not 0 < gpu_throughput < float("inf"):
+        raise usage_error(f"--gpu-throughput must be a number of images/s > 0, got {gpu_throughput:g}")
 
 
 @app.command("cost")
@@ -154,7 +200,7 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
              fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce"),
              refresh_prices: bool = typer.Option(False, "--refresh-prices", help="Fetch on-demand (Price List API) "
                                                  "and spot prices from AWS first and cache them."),
-             out: Path = typer.Option(None, "--out", help="Report directory; default reports/cost-<time>.")):
+             out: str = typer.Option(None, "--out", help="Report directory; default reports/cost-<time>.")):
     """Compare cluster shapes on time to train and cost; write a report (Markdown, HTML, PNG plots, CSV)."""
     import datetime as dt
 
@@ -165,6 +211,14 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     from launcher.cost import shell as costshell
     from launcher.cost.inputs import STRATEGY_LABELS, imagenet
 
+    if out is not None and not out.strip():  # Path("") is ".": the report would land in the current directory
+        raise usage_error(f"--out needs a directory name, got {out!r}")
+    for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu),
+                        ("--images-per-epoch", images_per_epoch)):
+        if value < 1:
+            raise usage_error(f"{name} must be >= 1, got {value}")
+    check_throughput(gpu_throughput)
+    check_precision(precision)
     try:
         grid = costreport.CostGrid(
             instance_types=costshell.parse_list(instance_types, "--instance-types") if instance_types
@@ -179,10 +233,9 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
         if images_per_epoch != workload.images_per_epoch:
             workload = workload.model_copy(update={"images_per_epoch": images_per_epoch, "dataset_bytes": None})
     except ValidationError as e:
-        first = e.errors()[0]
-        raise LaunchError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
-    except (ValueError, UnknownInstanceType) as e:
-        raise LaunchError(str(e)) from None
+        raise validation_error(e) from None
+    except (ValueError, UnknownInstanceType, LaunchError) as e:  # LaunchError: parse_list's one line
+        raise usage_error(str(e)) from None
     types = [costshell.instance(n) for n in grid.instance_types]
     types += [costshell.instance(grid.reducer_type)] if "reducers" in grid.strategies else []
     types += [costshell.instance(grid.ps_type)] if "ps" in grid.strategies else []
@@ -193,10 +246,10 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
         result = costreport.evaluate_grid(grid, workload, book, today=dt.date.today(), measured=figures,
                                           constants=constants)
     except ValueError as e:
-        raise LaunchError(str(e)) from None
+        raise LaunchError(option_names(str(e))) from None
     for line in [*result.notes, *(n for n in (note, loader_note) if n)]:
         err.print(f"warning: {line}", markup=False, highlight=False)
-    out = out or Path("reports") / f"cost-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(out) if out is not None else Path("reports") / f"cost-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and not out.is_dir():
         raise LaunchError(f"--out {out} is a file; name a directory")
     try:

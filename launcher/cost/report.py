@@ -20,7 +20,7 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.catalog import get
+from infra.catalog import get, nodes_allowed
 from launcher.cost.inputs import (
     DEFAULT_CONSTANTS,
     DEFAULT_TIER_TYPE,
@@ -95,8 +95,8 @@ class CostGrid(BaseModel):
             if m not in MARKETS:
                 raise ValueError(f"unknown market '{m}'; choose from: {', '.join(MARKETS)}")
         for n in self.nodes:
-            if not 1 <= n <= 4096:
-                raise ValueError(f"node counts must be 1..4096, got {n}")
+            if problem := nodes_allowed(n):  # the one limit (infra.catalog.MAX_NODES) plan and the stack keep
+                raise ValueError(f"--nodes {n}: {problem}")
         for name in self.instance_types:
             if get(name).gpus == 0:
                 raise ValueError(f"{name} has no GPUs; list GPU instance types (reducer and server types are "

@@ -58,7 +58,9 @@ def model_constants() -> tuple[ModelConstants, str | None]:
 def price_book(instances: Iterable[InstanceType], markets: Iterable[str], *, refresh: bool) -> prices.PriceBook:
     """Catalog prices, newer cached AWS quotes over them, and with ``refresh`` a fetch from AWS first.
 
-    A failed fetch is a note in the book (the report states it), never an error: the catalog and its dates stand.
+    With ``refresh`` the user asked for AWS's prices: a market that could not be fetched at all (no credentials, no
+    network, access denied) is one LaunchError naming the fetch and the way without it, and nothing is cached or
+    written; a type AWS has no price for is a note in the book. Without ``refresh`` the catalog and its dates stand.
     """
     instances = list(dict.fromkeys(instances))
     names = [i.name for i in instances]
@@ -68,6 +70,10 @@ def price_book(instances: Iterable[InstanceType], markets: Iterable[str], *, ref
     fetched: list[prices.PriceQuote] = []
     if refresh:
         fetched, problems = aws_prices.refresh(names, markets)  # type: ignore[arg-type]
+        failed = [p for p in problems if p.startswith("could not fetch")]
+        if failed:
+            raise LaunchError(f"--refresh-prices: {'; '.join(failed)}; nothing was cached (leave out "
+                              f"--refresh-prices to use the catalog's dated on-demand prices and cached spot prices)")
         notes += problems
         if fetched:
             try:

@@ -19,7 +19,7 @@ from launcher.cost.inputs import DEFAULT_CONSTANTS, GpuThroughput, ModelConstant
 from launcher.cost.model import Estimate, estimate
 from launcher.cost.prices import PriceQuote
 from launcher.plans import efa, job
-from training.schedule import peak_lr, schedule_by_epoch
+from training.schedule import default_warmup_epochs, peak_lr, schedule_by_epoch, warmup_problem
 
 __all__ = ["PLACEHOLDERS", "TRAINER_PRECISION", "hypothetical_cluster", "plan_document", "steps_per_epoch"]
 
@@ -72,7 +72,7 @@ def plan_document(
     tier: InstanceType | None = None,
     tier_nodes: int | None = None,
     batch_per_gpu: int = 256,
-    warmup_epochs: float = 10.0,
+    warmup_epochs: float | None = None,
     gpu_throughput: float | None = None,
     precision: Precision = "amp",
     measured: Mapping[str, GpuThroughput] | None = None,
@@ -83,13 +83,17 @@ def plan_document(
     resized_shards: bool = False,
 ) -> dict[str, Any]:
     """Everything `launch plan --json` prints, as one JSON-ready object. ``resized_shards``: the shards were
-    converted with ``--resize`` (the loader decodes faster; launcher.cost.model's loader ceiling)."""
+    converted with ``--resize`` (the loader decodes faster; launcher.cost.model's loader ceiling). ``warmup_epochs``
+    None: the trainer's own default for the run's length (training.schedule.default_warmup_epochs), written into
+    the mpirun line so the plan shows what the ranks will do."""
     est: Estimate = estimate(instance, nodes, workload, strategy=strategy, tier=tier, tier_nodes=tier_nodes,
                              gpu_throughput=gpu_throughput, precision=precision, measured=measured,
                              batch_per_gpu=batch_per_gpu, price=price, tier_price=tier_price, constants=constants,
                              resized_shards=resized_shards)
-    if warmup_epochs < 0:
-        raise ValueError(f"warmup_epochs must be zero or more, got {warmup_epochs}")
+    if warmup_epochs is None:
+        warmup_epochs = default_warmup_epochs(workload.epochs)
+    if problem := warmup_problem(warmup_epochs, workload.epochs):
+        raise ValueError(problem)
     tier_instance = get(est.tier_type) if est.tier_type else None
     cluster = hypothetical_cluster(instance, nodes, tier=tier_instance, tier_nodes=est.tier_nodes)
     workers = cluster.workers
@@ -121,6 +125,7 @@ def plan_document(
         "reducer_nodes": [n.name for n in cluster.reducers],
         "global_batch": global_batch,
         "steps_per_epoch": steps,
+        "warmup_epochs": warmup_epochs,
         "lr_schedule": [[epoch, lr] for epoch, lr in schedule],
         "estimate": est.model_dump(mode="json"),
         "placeholders": dict(PLACEHOLDERS),
