@@ -6,7 +6,8 @@ missing credentials or region still end the command in one line (``launcher.clus
 actions used:
 ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings, ec2:DescribeCapacityReservations,
 ec2:DescribeCapacityBlockOfferings, ec2:DescribeImages, ssm:GetParameter, servicequotas:GetServiceQuota,
-servicequotas:GetAWSDefaultServiceQuota, cloudwatch:GetMetricStatistics.
+servicequotas:GetAWSDefaultServiceQuota, cloudwatch:GetMetricStatistics, ec2:DescribeNetworkInterfaces; with no
+image yet also ec2:DescribeInstanceTypes, ec2:DescribeVpcs, ec2:DescribeSubnets, ec2:DescribeRouteTables.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from botocore.exceptions import ClientError
 
 from infra.spec import ClusterSpec
 from launcher.cluster.aws.api import aws_errors
-from launcher.plans import preflight
+from launcher.plans import preflight, preflight_limits
 from launcher.plans.preflight import Facts, ImageFacts, Quota, Unread
+from launcher.plans.preflight_limits import BuildFacts, InterfaceFacts
 
-__all__ = ["gather", "read_block_offerings", "read_image", "read_offerings", "read_quota", "read_reservation"]
+__all__ = ["gather", "read_block_offerings", "read_build", "read_image", "read_interfaces", "read_offerings",
+           "read_quota", "read_reservation"]
 
 T = TypeVar("T")
 
@@ -57,17 +60,17 @@ def read_offerings(ec2: Any, instance_types: list[str]) -> tuple[tuple[str, ...]
             {t: frozenset(azs) for t, azs in offered.items()})
 
 
-def read_quota(sq: Any, cw: Any, code: str, now: dt.datetime) -> Quota:
-    """One EC2 vCPU quota: the applied value (else AWS's default), and its usage from the quota's own CloudWatch
-    metric (https://docs.aws.amazon.com/servicequotas/latest/userguide/configure-cloudwatch.html)."""
+def read_quota(sq: Any, cw: Any, code: str, now: dt.datetime, service: str = "ec2") -> Quota:
+    """One quota (by default an EC2 vCPU quota): the applied value (else AWS's default), and its usage from the
+    quota's own CloudWatch metric (https://docs.aws.amazon.com/servicequotas/latest/userguide/configure-cloudwatch.html)."""
     try:
-        q = sq.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+        q = sq.get_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]
     except ClientError as e:
         # "If the applied quota value is not available for a quota, the quota is not retrieved"
         # (https://docs.aws.amazon.com/servicequotas/2019-06-24/apireference/API_GetServiceQuota.html).
         if _code(e) != "NoSuchResourceException":
             raise
-        q = sq.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+        q = sq.get_aws_default_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]
     return Quota(code=code, name=q.get("QuotaName", code), value=float(q["Value"]),
                  usage=_usage(cw, q.get("UsageMetric") or {}, now))
 
@@ -123,6 +126,38 @@ def read_block_offerings(ec2: Any, spec: ClusterSpec) -> list[Mapping[str, Any]]
         CapacityDurationHours=preflight.block_duration_hours(spec.ttl_hours))["CapacityBlockOfferings"]
 
 
+def read_interfaces(ec2: Any, sq: Any, cw: Any, now: dt.datetime) -> Quota:
+    """The Region's network-interface quota, with the interfaces that exist now as its usage (counted, every page)."""
+    code, _ = preflight_limits.INTERFACE_QUOTA
+    q = read_quota(sq, cw, code, now, service="vpc")
+    count = sum(len(page["NetworkInterfaces"])
+                for page in ec2.get_paginator("describe_network_interfaces").paginate())
+    return Quota(code=q.code, name=q.name, value=q.value, usage=float(count))
+
+
+def read_build(ec2: Any, sq: Any, cw: Any, now: dt.datetime) -> BuildFacts:
+    """What the image build needs: its type's vCPUs and quota, the default VPC and whether it routes out."""
+    itype = preflight_limits.IMAGE_BUILD_TYPE
+    vcpus = _read(lambda: int(ec2.describe_instance_types(InstanceTypes=[itype])["InstanceTypes"][0]["VCpuInfo"]
+                              ["DefaultVCpus"]))
+    code = preflight_limits.build_quota_class(itype).on_demand[0]
+    quota = _read(lambda: read_quota(sq, cw, code, now))
+
+    def network() -> tuple[str | None, bool]:
+        vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+        if not vpcs:
+            return None, False
+        vpc = vpcs[0]["VpcId"]
+        subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                {"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+        tables = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["RouteTables"]
+        return vpc, preflight_limits.routes_out(tables, subnets)
+
+    found = _read(network)
+    vpc, out = (found, False) if isinstance(found, Unread) else found
+    return BuildFacts(instance_type=itype, vcpus=vcpus, quota=quota, default_vpc=vpc, routes_out=out)
+
+
 def gather(sess: boto3.Session, spec: ClusterSpec, *, now: dt.datetime | None = None) -> Facts:
     """Every fact the checks need, from the spec's region, read-only."""
     now = now or dt.datetime.now(dt.timezone.utc)
@@ -139,5 +174,9 @@ def gather(sess: boto3.Session, spec: ClusterSpec, *, now: dt.datetime | None = 
         if isinstance(image, Unread):
             image = ImageFacts(ami=spec.ami, parameter=spec.image_parameter, unread=image)
         blocks = _read(lambda: read_block_offerings(ec2, spec)) if preflight.wants_block_offerings(spec) else None
+        interfaces = InterfaceFacts(_read(lambda: read_interfaces(ec2, sq, cw, now)))
+        # The pipeline's image is missing or gone: it must be built first, so say whether the build can run.
+        unbuilt = image.unread is None and image.parameter is not None and (image.ami is None or image.image is None)
+        build = read_build(ec2, sq, cw, now) if unbuilt else None
     return Facts(region=spec.region, zones=zones, offered=offered, quotas=quotas, image=image,
-                 reservation=reservation, block_offerings=blocks, now=now)
+                 reservation=reservation, block_offerings=blocks, now=now, interfaces=interfaces, build=build)

@@ -18,6 +18,8 @@ What is checked, and the AWS documents behind each rule:
   is active (or scheduled), has room for every worker, sits in the placement group the stack uses, and is or is
   not a Capacity Block as ``-c capacity_block`` says.
 - capacity-block: with no reservation, the Capacity Block offerings for the workers (a hint, never a failure).
+- interfaces, image-build: the Region's network-interface quota, and with no image yet what its build needs
+  (launcher.plans.preflight_limits).
 - image: ``-c ami``, else the image the ``ami/`` pipeline published in SSM (``ClusterSpec.image_parameter``), exists
   in the region, is available, is x86_64, has the root device the launch template maps, and fits
   ``-c root_volume_gib``.
@@ -162,6 +164,8 @@ class Facts:
     now: dt.datetime                                       # when the facts were read (the shell's clock, not ours)
     reservation: Mapping[str, Any] | Unread | None = None  # the DescribeCapacityReservations item; None: not found
     block_offerings: list[Mapping[str, Any]] | Unread | None = None  # None: not asked
+    interfaces: Any = None  # launcher.plans.preflight_limits.InterfaceFacts; None: not read
+    build: Any = None       # launcher.plans.preflight_limits.BuildFacts, read when there is no image; None: not asked
 
 
 # --- Context -------------------------------------------------------------------------------------------------
@@ -441,8 +445,11 @@ def hint_blocks(spec: ClusterSpec, facts: Facts) -> list[Verdict]:
 
 
 def decide(spec: ClusterSpec, facts: Facts) -> list[Verdict]:
-    return [*check_offerings(spec, facts), *check_quotas(spec, facts), *check_reservation(spec, facts),
-            *hint_blocks(spec, facts), *check_image(spec, facts)]
+    from launcher.plans import preflight_limits as limits  # it builds on this module's types
+
+    return [*check_offerings(spec, facts), *check_quotas(spec, facts), *limits.check_interfaces(spec, facts.interfaces),
+            *check_reservation(spec, facts), *hint_blocks(spec, facts), *check_image(spec, facts),
+            *limits.check_image_build(spec, facts.build)]
 
 
 # --- Output --------------------------------------------------------------------------------------------------
