@@ -30,8 +30,16 @@ from bert import SIZES, BertMLM, Vocab, corpus, count_params, mask_tokens, mlm_l
 from training import distributed  # noqa: E402
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, said by the first rank only (every rank parses the same options), then exit 2."""
+        if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")) == "0":
+            print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="pretrain.py", description=__doc__.splitlines()[0],
+    p = _Parser(prog="pretrain.py", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--size", choices=sorted(SIZES), default="tiny", help="tiny (CPU tests), base, large (BERT-large)")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps")
