@@ -27,14 +27,17 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                                                                           "c5n.18xlarge (reducers), m5.24xlarge (ps)."),
              strategy: str = typer.Option(None, "--strategy", help="horovod, reducers or ps; default: reducers "
                                                                    "with --reducers or --reducer-type, else horovod."),
-             epochs: int = typer.Option(90, "--epochs"),
-             batch_per_gpu: int = typer.Option(256, "--batch-per-gpu", help="Images per rank per step."),
+             epochs: int = typer.Option(None, "--epochs", help="Default: the workload's recipe (resnet50: 90, "
+                                                               "bert-large: 1 pass of phase 1, mask-rcnn: 14)."),
+             batch_per_gpu: int = typer.Option(None, "--batch-per-gpu", help="Samples per rank per micro-batch; "
+                                               "default: the published figure's (ResNet-50: 256)."),
              warmup_epochs: float = typer.Option(None, "--warmup-epochs", help="Linear warmup, in epochs, less "
                                                  "than --epochs; default: the seed's 10 of every 90 (10 for 90, "
                                                  "1.67 for 15), as the trainer's."),
-             images_per_epoch: int = typer.Option(1_281_167, "--images-per-epoch", help="Default: ImageNet-1k."),
-             gpu_throughput: float = typer.Option(None, "--gpu-throughput", help="Single-GPU ResNet-50 images/s; "
-                                                                                "overrides the catalog's figure."),
+             images_per_epoch: int = typer.Option(None, "--images-per-epoch", help="Samples per epoch; default: "
+                                                  "the workload's (ImageNet-1k for resnet50)."),
+             gpu_throughput: float = typer.Option(None, "--gpu-throughput", help="Single-GPU samples/s of the "
+                                                  "workload (ResNet-50 images/s); overrides the catalog's figure."),
              precision: str = typer.Option("amp", "--precision", help="amp (mixed precision) or fp32."),
              fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce", help="fp16 gradient compression (the "
                                                                                  "trainer's --fp16-allreduce too)."),
@@ -42,12 +45,26 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                                                  "`launch data convert --resize 256`: the loader decodes faster."),
              market: str = typer.Option("on-demand", "--market", help="on-demand or spot (spot prices come from "
                                                                      "`launch cost --refresh-prices`)."),
+             workload_name: str = typer.Option("resnet50", "--workload", help="resnet50 (seed 000's ImageNet recipe), "
+                                               "bert-large (NVIDIA's phase 1, seed 004) or mask-rcnn; a custom model "
+                                               "with --params, --sample-gflops and --samples-per-epoch."),
+             params: int = typer.Option(None, "--params", help="A custom model: parameters whose gradients are "
+                                                               "reduced."),
+             sample_gflops: float = typer.Option(None, "--sample-gflops", help="A custom model: training GFLOP per "
+                                                 "sample, forward + backward (ResNet-50 at 224 px: 24.5)."),
+             samples_per_epoch: int = typer.Option(None, "--samples-per-epoch", help="A custom model: samples per "
+                                                   "epoch."),
              as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables.")):
     """The plan and estimate for one cluster shape, offline: hostfile, mpirun, env, EFA devices, LR schedule, cost."""
     import json
 
+    workload = chosen_workload(workload_name, epochs=epochs, images_per_epoch=images_per_epoch, params=params,
+                               sample_gflops=sample_gflops, samples_per_epoch=samples_per_epoch,
+                               fp16_allreduce=fp16_allreduce)
+    epochs = workload.epochs
+
     from launcher.cost import shell as costshell
-    from launcher.cost.inputs import DEFAULT_TIER_TYPE, STRATEGIES, STRATEGY_LABELS, imagenet
+    from launcher.cost.inputs import DEFAULT_TIER_TYPE, STRATEGIES, STRATEGY_LABELS
     from launcher.cost.model import Estimate
     from launcher.cost.prices import MARKETS, PriceUnavailable
     from launcher.plans import offline
@@ -78,9 +95,6 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         raise usage_error(f"unknown strategy '{strategy}'; choose one of: {', '.join(STRATEGIES)}")
     tier = costshell.instance(reducer_type or DEFAULT_TIER_TYPE[strategy]) \
         if strategy != "horovod" or reducer_type else None
-    workload = imagenet(epochs, fp16_allreduce=fp16_allreduce)
-    if images_per_epoch != workload.images_per_epoch:
-        workload = workload.model_copy(update={"images_per_epoch": images_per_epoch, "dataset_bytes": None})
     figures, note = costshell.load_measured()
     constants, loader_note = costshell.model_constants()
     book = costshell.price_book([workers] + ([tier] if tier else []), [market], refresh=False)
@@ -102,20 +116,24 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         return
     e = Estimate.model_validate(doc["estimate"])
     console.print(f"plan: {e.shape}, {doc['shape']['ranks']} rank(s), {STRATEGY_LABELS[e.strategy]}, "
-                  f"{e.market}", markup=False)
+                  f"{e.market}, workload {e.workload}", markup=False)
     table = Table(title="estimate", show_header=False)
     table.add_column("")
     table.add_column("", justify="right")
     for what, value in (
-        ("per-GPU throughput", f"{e.gpu_images_per_sec:,.0f} img/s ({e.throughput_source.split(':')[0]})"),
-        ("compute per step", f"{e.compute_time_s * 1e3:,.1f} ms"),
+        ("per-GPU throughput", f"{e.gpu_images_per_sec:,.0f} {e.rate_unit} ({e.throughput_source.split(':')[0]})"),
+        ("compute per step", f"{e.compute_time_s * 1e3:,.1f} ms" + (
+            f" ({e.accumulation_steps} micro-batches of {e.batch_per_gpu} per GPU: gradient accumulation)"
+            if e.accumulation_steps > 1 else f" (batch {e.batch_per_gpu} per GPU)")),
         ("gradient reduction per step", f"{e.comm_time_s * 1e3:,.1f} ms ({e.exposed_comm_time_s * 1e3:,.1f} ms "
                                         f"not hidden; limited by {e.comm_limited_by})"),
+        ("stragglers + negotiation", f"{e.sync_overhead_s * 1e3:,.1f} ms (the slowest of {e.nodes} node(s))"),
         ("step", f"{e.step_time_s * 1e3:,.1f} ms"),
-        ("throughput", f"{e.images_per_sec:,.0f} img/s, {e.scaling_efficiency:.1%} scaling"),
+        ("throughput", f"{e.images_per_sec:,.0f} {e.rate_unit}, {e.scaling_efficiency:.1%} scaling"),
         ("limited by", e.limited_by),
         ("input pipeline", f"{e.loader_workers_per_rank} loader processes per GPU: {e.loader_images_per_sec:,.0f} "
-                           f"img/s against {e.gpu_demand_images_per_sec:,.0f} the GPUs would take"),
+                           f"img/s against {e.gpu_demand_images_per_sec:,.0f} the GPUs would take"
+                           if workload.decodes_images else f"no JPEG decoding modelled for {e.workload}"),
         ("epoch (with checkpoint)", f"{e.epoch_time_s:,.1f} s"),
         ("training", f"{e.training_s / 60:,.1f} min ({epochs} epochs + validation)"),
         ("provisioning + staging", f"{(e.provisioning_s + e.staging_s) / 60:,.1f} min"),
@@ -180,6 +198,39 @@ def check_throughput(gpu_throughput: float | None) -> None:
         raise usage_error(f"--gpu-throughput must be a number of images/s > 0, got {gpu_throughput:g}")
 
 
+def chosen_workload(name: str, *, epochs: int | None, images_per_epoch: int | None, params: int | None,
+                    sample_gflops: float | None, samples_per_epoch: int | None, fp16_allreduce: bool):
+    """--workload, or a custom model from --params/--sample-gflops/--samples-per-epoch; bad input is one line."""
+    from launcher.cli.common import usage_error
+    from launcher.cost import workloads
+
+    for option, value in (("--epochs", epochs), ("--images-per-epoch", images_per_epoch), ("--params", params),
+                          ("--samples-per-epoch", samples_per_epoch)):
+        if value is not None and value < 1:
+            raise usage_error(f"{option} must be >= 1, got {value}")
+    custom = {"--params": params, "--sample-gflops": sample_gflops, "--samples-per-epoch": samples_per_epoch}
+    given = [option for option, value in custom.items() if value is not None]
+    try:
+        if given:
+            if len(given) < len(custom):
+                missing = ", ".join(o for o in custom if o not in given)
+                raise usage_error(f"a custom model needs --params, --sample-gflops and --samples-per-epoch; "
+                                  f"missing {missing}")
+            if name != "resnet50":
+                raise usage_error(f"--workload {name} has its own model; --params, --sample-gflops and "
+                                  f"--samples-per-epoch describe a custom one (leave out --workload)")
+            workload = workloads.custom(params=params, sample_gflops=sample_gflops,  # type: ignore[arg-type]
+                                        samples_per_epoch=samples_per_epoch, epochs=epochs or 1,  # type: ignore[arg-type]
+                                        fp16_allreduce=fp16_allreduce)
+        else:
+            workload = workloads.preset(name, epochs=epochs, fp16_allreduce=fp16_allreduce)
+    except ValueError as e:
+        raise usage_error(f"--workload: {e}" if "unknown workload" in str(e) else str(e)) from None
+    if images_per_epoch is not None and images_per_epoch != workload.images_per_epoch:
+        workload = workload.model_copy(update={"images_per_epoch": images_per_epoch, "dataset_bytes": None})
+    return workload
+
+
 @app.command("cost")
 def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="Comma-separated GPU types; default "
                                                 "p3.16xlarge,p3dn.24xlarge,p4d.24xlarge,p5.48xlarge."),
@@ -191,31 +242,47 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
              reducers_per_worker: float = typer.Option(1.0, "--reducers-per-worker"),
              ps_type: str = typer.Option("m5.24xlarge", "--ps-type", help="Parameter-server instance type."),
              ps_per_worker: float = typer.Option(2.0, "--ps-per-worker", help="Seed 003: 2 servers per worker."),
-             epochs: int = typer.Option(90, "--epochs"),
-             batch_per_gpu: int = typer.Option(256, "--batch-per-gpu"),
-             images_per_epoch: int = typer.Option(1_281_167, "--images-per-epoch", help="Default: ImageNet-1k."),
+             epochs: int = typer.Option(None, "--epochs", help="Default: the workload's recipe."),
+             batch_per_gpu: int = typer.Option(None, "--batch-per-gpu", help="Default: the published figure's."),
+             images_per_epoch: int = typer.Option(None, "--images-per-epoch", help="Default: the workload's."),
              gpu_throughput: float = typer.Option(None, "--gpu-throughput", help="Single-GPU ResNet-50 images/s "
                                                                                 "for every type (overrides)."),
              precision: str = typer.Option("amp", "--precision", help="amp or fp32."),
              fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce"),
              refresh_prices: bool = typer.Option(False, "--refresh-prices", help="Fetch on-demand (Price List API) "
                                                  "and spot prices from AWS first and cache them."),
+             workload_name: str = typer.Option("resnet50", "--workload", help="resnet50 (seed 000's ImageNet recipe), "
+                                               "bert-large (NVIDIA's phase 1, seed 004) or mask-rcnn; a custom model "
+                                               "with --params, --sample-gflops and --samples-per-epoch."),
+             params: int = typer.Option(None, "--params", help="A custom model: parameters whose gradients are "
+                                                               "reduced."),
+             sample_gflops: float = typer.Option(None, "--sample-gflops", help="A custom model: training GFLOP per "
+                                                 "sample, forward + backward (ResNet-50 at 224 px: 24.5)."),
+             samples_per_epoch: int = typer.Option(None, "--samples-per-epoch", help="A custom model: samples per "
+                                                   "epoch."),
              out: str = typer.Option(None, "--out", help="Report directory; default reports/cost-<time>.")):
     """Compare cluster shapes on time to train and cost; write a report (Markdown, HTML, PNG plots, CSV)."""
     import datetime as dt
+
+    workload = chosen_workload(workload_name, epochs=epochs, images_per_epoch=images_per_epoch, params=params,
+                               sample_gflops=sample_gflops, samples_per_epoch=samples_per_epoch,
+                               fp16_allreduce=fp16_allreduce)
+    epochs, images_per_epoch = workload.epochs, workload.images_per_epoch
+    if batch_per_gpu is None and workload.name in ("resnet50", "custom"):
+        batch_per_gpu = 256  # others: each GPU type's published batch (the grid's None)
 
     from pydantic import ValidationError
 
     from infra.catalog import UnknownInstanceType
     from launcher.cost import report as costreport
     from launcher.cost import shell as costshell
-    from launcher.cost.inputs import STRATEGY_LABELS, imagenet
+    from launcher.cost.inputs import STRATEGY_LABELS
 
     if out is not None and not out.strip():  # Path("") is ".": the report would land in the current directory
         raise usage_error(f"--out needs a directory name, got {out!r}")
     for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu),
                         ("--images-per-epoch", images_per_epoch)):
-        if value < 1:
+        if value is not None and value < 1:  # None: the workload's own
             raise usage_error(f"{name} must be >= 1, got {value}")
     check_throughput(gpu_throughput)
     check_precision(precision)
@@ -229,9 +296,6 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
             reducers_per_worker=reducers_per_worker, ps_type=ps_type, ps_per_worker=ps_per_worker,
             batch_per_gpu=batch_per_gpu, gpu_throughput=gpu_throughput, precision=precision)
         grid.check()
-        workload = imagenet(epochs, fp16_allreduce=fp16_allreduce)
-        if images_per_epoch != workload.images_per_epoch:
-            workload = workload.model_copy(update={"images_per_epoch": images_per_epoch, "dataset_bytes": None})
     except ValidationError as e:
         raise validation_error(e) from None
     except (ValueError, UnknownInstanceType, LaunchError) as e:  # LaunchError: parse_list's one line
@@ -258,8 +322,8 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
         raise LaunchError(f"could not write the report to {out}: {e.strerror or e}") from None
 
     table = Table(title=f"Pareto frontier of {len(result.rows)} shapes: none is both faster and cheaper")
-    for col in ("shape", "strategy", "market", "img/s", "scaling", "bound", "time to train", "cost (USD)"):
-        table.add_column(col, justify="right" if col in ("img/s", "scaling", "time to train", "cost (USD)") else "left")
+    for col in ("shape", "strategy", "market", workload.rate_unit, "scaling", "bound", "time to train", "cost (USD)"):
+        table.add_column(col, justify="left" if col in ("shape", "strategy", "market", "bound") else "right")
     for i in result.pareto:
         r = result.rows[i]
         table.add_row(r.shape, STRATEGY_LABELS[r.strategy], r.market, f"{r.images_per_sec:,.0f}",

@@ -223,6 +223,8 @@ def _verdict(instance: InstanceType, nodes: int, strategy: str, bottleneck: str,
             fixes.append("a type with more EFA network cards")
         if "reducer" in limited_by or "server" in limited_by:
             fixes.append("more reducer or server nodes")
+        if strategy == "horovod":  # seed 004: each node sends the gradient once through the tier, not 2(n-1)/n times
+            fixes.append("the reducer tier (--reducers N --reducer-type c5n.18xlarge)")
         if not grad_fp16:
             fixes.append("--fp16-allreduce (half the bytes)")
         return "network-bound", (f"network-bound: {share:.0%} of each step waits on {limited_by}; what would "

@@ -65,7 +65,7 @@ class CostGrid(BaseModel):
     reducers_per_worker: float = Field(1.0, gt=0)
     ps_type: str = DEFAULT_TIER_TYPE["ps"]
     ps_per_worker: float = Field(2.0, gt=0)
-    batch_per_gpu: int = Field(256, ge=1)
+    batch_per_gpu: int | None = Field(256, ge=1, description="None: each GPU type's published batch")
     gpu_throughput: float | None = None
     precision: str = "amp"
 

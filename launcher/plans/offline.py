@@ -71,7 +71,7 @@ def plan_document(
     strategy: str = "horovod",
     tier: InstanceType | None = None,
     tier_nodes: int | None = None,
-    batch_per_gpu: int = 256,
+    batch_per_gpu: int | None = None,
     warmup_epochs: float | None = None,
     gpu_throughput: float | None = None,
     precision: Precision = "amp",
@@ -94,6 +94,7 @@ def plan_document(
         warmup_epochs = default_warmup_epochs(workload.epochs)
     if problem := warmup_problem(warmup_epochs, workload.epochs):
         raise ValueError(problem)
+    batch_per_gpu = est.batch_per_gpu  # None given: the published figure's (ResNet-50: 256)
     tier_instance = get(est.tier_type) if est.tier_type else None
     cluster = hypothetical_cluster(instance, nodes, tier=tier_instance, tier_nodes=est.tier_nodes)
     workers = cluster.workers
@@ -111,8 +112,8 @@ def plan_document(
     argv = job.launch_argv(cluster, workers, cluster.reducers if tiered else [], spec, f"{spec.output}/hostfile",
                            fabric_env=fabric, mca=efa.mpi_mca(instance, mpi_interface=cluster.mpi_interface))
     ranks = sum(n.slots for n in workers)
-    global_batch = ranks * batch_per_gpu
-    steps = steps_per_epoch(workload.images_per_epoch, ranks, batch_per_gpu)
+    global_batch = ranks * batch_per_gpu * est.accumulation_steps
+    steps = steps_per_epoch(workload.images_per_epoch, ranks, batch_per_gpu * est.accumulation_steps)
     schedule = schedule_by_epoch(steps, workload.epochs, peak_lr(global_batch), warmup_epochs)
     return {
         "shape": {"instance_type": instance.name, "nodes": nodes, "gpus_per_node": instance.gpus, "ranks": ranks,
@@ -145,6 +146,9 @@ def _image_versions() -> efa.SoftwareVersions:
 
 def _notes(est: Estimate) -> list[str]:
     notes = ["node names and paths are placeholders until the stack is deployed and discovered"]
+    if est.workload != "resnet50":
+        notes.append(f"the estimate is {est.workload}'s; the hostfile, mpirun line and LR schedule are the project's "
+                     f"ResNet-50 trainer's: train {est.workload} with your own script (`launch run`)")
     if est.strategy == "reducers":
         notes.append("the reducer engine (training/reducer.py) moves gradients over gloo on TCP, not NCCL over "
                      "EFA: on GPU nodes it stages buckets through host memory")
