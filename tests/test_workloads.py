@@ -135,3 +135,16 @@ def test_sync_overhead_is_the_slowest_of_n_plus_one_negotiation():
     assert sync_overhead(8, 0.1, 4) - c.negotiation_s == pytest.approx(2 * (sync_overhead(8, 0.1, 1) - c.negotiation_s))
     grows = [sync_overhead(n, 0.1, 1) for n in (2, 8, 64, 512)]
     assert grows == sorted(grows) and grows[-1] < 2 * grows[1]  # slowly: sqrt(ln n)
+
+
+@pytest.mark.parametrize(("exposed_s", "bound"), [(0.0399, "compute-bound"), (0.0401, "network-bound")])
+def test_network_bound_from_4_percent_of_a_step(exposed_s, bound):
+    # 4%: seed 000's exposed allreduce is 4.8% of its step now that the slowest node takes its share of the 10%.
+    from launcher.cost.model import NETWORK_BOUND_SHARE, _verdict
+    from launcher.plans import loading
+
+    assert NETWORK_BOUND_SHARE == 0.04
+    verdict, advice = _verdict(P3DN, 2, "horovod", "GPU compute", exposed_s, 1.0, "worker network (EFA)",
+                               loading.for_instance(P3DN), 1e9, 1e4, False, DEFAULT_CONSTANTS, grad_fp16=True)
+    assert verdict == bound
+    assert ("the reducer tier" in advice) == (bound == "network-bound")
