@@ -36,6 +36,7 @@ NCCL_TESTS = f"{NCCL_TESTS_ROOT}/build"
 AWS_CLI = "/usr/local/bin/aws"             # AWS CLI v2
 
 IMAGE_ENV_FILE = "/etc/scaletrain/image.env"   # every pinned version, as the image was built
+KERNEL_CC_FILE = "/etc/scaletrain/kernel-cc"   # the compiler the held kernel was built with (gcc-12), base.sh's
 PROFILE_FILE = "/etc/profile.d/scaletrain.sh"  # PATH for people who log in; the launcher never relies on it
 
 # PATH and LD_LIBRARY_PATH for a login shell on the image (written to PROFILE_FILE) and for the launcher's own
@@ -57,6 +58,7 @@ def shell_env() -> dict[str, str]:
         "SCALETRAIN_CUDA_HOME": CUDA_HOME,
         "SCALETRAIN_NCCL_TESTS_ROOT": NCCL_TESTS_ROOT,
         "SCALETRAIN_IMAGE_ENV_FILE": IMAGE_ENV_FILE,
+        "SCALETRAIN_KERNEL_CC_FILE": KERNEL_CC_FILE,
         "SCALETRAIN_BIN_PATH": ":".join(BIN_PATH),
         "SCALETRAIN_LIB_PATH": ":".join(LIB_PATH),
     }

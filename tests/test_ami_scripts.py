@@ -327,3 +327,130 @@ def test_aws_ofi_nccl_installs_the_hwloc_headers_its_configure_needs(tmp_path) -
     assert (prefix / "VERSION").read_text().strip() == version
     assert (ldconf / "100-aws-ofi-nccl.conf").read_text().strip() == f"{prefix}/lib"
     assert os.listdir(ldconf) == ["100-aws-ofi-nccl.conf"]
+
+
+# --- The kernel's compiler: read from the kernel, used for every module built against it (issue 25, item 2) --------
+
+BANNERS = Path(__file__).parent / "data" / "kernel-banners"
+KERNEL_68 = BANNERS / "ubuntu2204-6.8.0-1063-aws.txt"
+KERNEL_515 = BANNERS / "ubuntu2204-5.15.0-1031-aws.txt"
+
+
+def base_env(tmp_path: Path, banner: Path) -> dict[str, str]:
+    return {**component_env("base"), "SCALETRAIN_IMAGE_ENV_FILE": str(tmp_path / "etc" / "image.env"),
+            "SCALETRAIN_KERNEL_CC_FILE": str(tmp_path / "etc" / "kernel-cc"),
+            "SCALETRAIN_KERNEL_VERSION_FILE": str(banner)}
+
+
+@pytest.mark.parametrize(("banner", "compiler"), [
+    ("ubuntu2204-6.8.0-1063-aws.txt", "gcc-12"),     # Ubuntu 22.04's current AWS kernel
+    ("ubuntu2204-5.15.0-1031-aws.txt", "gcc-11"),    # its GA kernel: build-essential's compiler
+    ("ubuntu2204-6.5.0-1014-aws.txt", "gcc-11"),     # the x86_64-linux-gnu-gcc-N name, version 11
+    ("ubuntu1804-4.15.0-1065-aws.txt", "gcc-7"),     # the old "gcc version X.Y.Z" form
+])  # fmt: skip
+def test_the_kernels_compiler_is_read_from_its_version_banner(tmp_path, banner, compiler) -> None:
+    host = Host(tmp_path, {})
+    result = host.run("base.sh", "kernel-cc", base_env(tmp_path, BANNERS / banner))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{compiler}\n"
+
+
+def test_a_kernel_not_built_with_gcc_is_refused_by_name(tmp_path) -> None:
+    banner = tmp_path / "clang-banner"  # NOT recorded: the shape of a clang-built kernel's banner
+    banner.write_text("Linux version 6.8.0-1 (builder@host) (Ubuntu clang version 18.1.3 (1ubuntu1), Ubuntu LLD 18.1.3)"
+                      " #1 SMP\n")
+    result = Host(tmp_path, {}).run("base.sh", "kernel-cc", base_env(tmp_path, banner))
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: the kernel was not built with gcc: Linux version 6.8.0-1")
+
+
+# apt-get install marks each package installed; dpkg -s answers for all the packages it is asked about.
+PACKAGE_FAKES = {
+    "apt-get": 'if [ "$1" = install ]; then for a in "$@"; do case "$a" in -*|install) ;; *) touch "$STATE/pkg.$a" ;;'
+               ' esac; done; fi; true',
+    "dpkg": 'if [ "$1" = -s ]; then shift; for p in "$@"; do test -f "$STATE/pkg.$p" || exit 1; done; fi',
+    "apt-mark": "true",
+}
+
+
+@pytest.mark.parametrize(("banner", "compiler", "other"), [(KERNEL_68, "gcc-12", "gcc-11"),
+                                                           (KERNEL_515, "gcc-11", "gcc-12")])
+def test_base_installs_the_compiler_the_kernel_was_built_with_and_records_it(tmp_path, banner, compiler,
+                                                                            other) -> None:
+    """build-essential brings gcc-11; Ubuntu 22.04's 6.8 AWS kernels are built with gcc-12, and every module built
+    against them (NVIDIA, EFA, BeeGFS) needs gcc-12 (AWS ParallelCluster's cookbook PR 2852 hit the same failure)."""
+    host = Host(tmp_path, PACKAGE_FAKES)
+    env = base_env(tmp_path, banner)
+    result = host.run("base.sh", "build", env)
+    assert result.returncode == 0, result.stderr
+    install = next(c for c in host.called() if c.startswith("apt-get install"))
+    assert f" {compiler} " in install and other not in install
+    assert Path(env["SCALETRAIN_KERNEL_CC_FILE"]).read_text() == f"{compiler}\n"
+    assert host.run("base.sh", "validate", env).returncode == 0
+    # The same image booted on a kernel another compiler built no longer matches its record.
+    moved = host.run("base.sh", "validate", {**env, "SCALETRAIN_KERNEL_VERSION_FILE": str(
+        KERNEL_515 if banner == KERNEL_68 else KERNEL_68)})
+    assert moved.returncode == 1
+
+
+NVIDIA_RUNFILE = """#!/usr/bin/env bash
+# Stands for NVIDIA's .run installer: it builds the module with $CC (default cc, which is build-essential's gcc-11)
+# and refuses a compiler that is not the kernel's.
+echo "driver.run CC=${CC:-cc} $*" >>"$CALLS"
+if [ "${CC:-cc}" != "$KERNEL_CC" ]; then
+    echo "Compiler version check failed: the kernel was built with $KERNEL_CC, not ${CC:-cc}" >&2
+    echo "It is recommended to set the CC environment variable to the compiler that was used to compile the kernel." >&2
+    exit 1
+fi
+echo "$NVIDIA_DRIVER_VERSION" >"$STATE/nvidia-module"
+"""
+
+
+def sandboxed_etc(tmp_path: Path) -> list[str]:
+    """A private mount namespace where /etc/ld.so.conf.d is a scratch directory (the one system path the driver and
+    plugin components write); skips the test where the machine allows none."""
+    ldconf = tmp_path / "ld.so.conf.d"
+    ldconf.mkdir(exist_ok=True)
+    unshare = [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--mount", "--",
+               shutil.which("bash") or "/bin/bash", "-c",
+               f'{shutil.which("mount")} --bind {ldconf} /etc/ld.so.conf.d && exec "$@"', "sandbox"]
+    probe = subprocess.run([*unshare, "true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here: {probe.stderr.strip()}")
+    return unshare
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) is not installed")
+def test_the_nvidia_driver_is_built_with_the_kernels_compiler(tmp_path) -> None:
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text(f"#!/usr/bin/env bash\necho 'Cuda compilation tools, release "
+                                       f"{VERSIONS.cuda.rsplit('.', 1)[0]}, V{VERSIONS.cuda}'\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    host = Host(tmp_path, {**PACKAGE_FAKES, "curl": 'while [ $# -gt 0 ]; do if [ "$1" = -o ]; then echo fake >"$2";'
+                                                    ' shift; fi; shift; done',
+                           "modinfo": 'cat "$STATE/nvidia-module" 2>/dev/null || exit 1', "ldconfig": "true"})
+    host.fake("sh", NVIDIA_RUNFILE.split("\n", 1)[1])
+    kernel_cc = tmp_path / "kernel-cc"
+    kernel_cc.write_text("gcc-12\n")  # what base.sh recorded on a 6.8 kernel
+    env = {**component_env("nvidia"), "SCALETRAIN_CUDA_HOME": str(cuda), "SCALETRAIN_KERNEL_CC_FILE": str(kernel_cc),
+           "KERNEL_CC": "gcc-12"}
+    result = host.run("nvidia.sh", "build", env, wrap=sandboxed_etc(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (run,) = [c for c in host.called() if c.startswith("driver.run")]
+    assert run.startswith("driver.run CC=gcc-12 ") and run.endswith(
+        "/driver.run --silent --dkms --no-questions --kernel-module-type=open")
+
+
+@pytest.mark.parametrize("script", ["efa.sh", "beegfs.sh"])
+def test_module_builds_name_the_missing_kernel_compiler_before_building(tmp_path, script) -> None:
+    """The EFA and BeeGFS modules build through the kernel's own build files, which call the kernel's compiler."""
+    kernel_cc = tmp_path / "kernel-cc"
+    kernel_cc.write_text("gcc-12\n")
+    key = script.removesuffix(".sh")
+    host = Host(tmp_path, {"curl": "exit 0", "gpg": "exit 0", "apt-get": "exit 0", "systemctl": "exit 0",
+                           "dpkg-query": "exit 1", "tar": "exit 0"})
+    env = {**component_env(key), "SCALETRAIN_KERNEL_CC_FILE": str(kernel_cc)}
+    result = host.run(script, "build", env)
+    assert result.returncode == 1
+    assert "(gcc-12) is not installed; the base component installs it" in result.stderr

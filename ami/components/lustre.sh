@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The Lustre client for FSx for Lustre, from AWS's repository, with the modules for the held kernel.
 # Reads: LUSTRE_CLIENT_VERSION (major.minor the modules must report).
+# Nothing is compiled here: FSx publishes the client modules built for each Ubuntu AWS kernel, as the package
+# lustre-client-modules-$(uname -r) (Amazon FSx for Lustre User Guide, "Installing the Lustre client", Ubuntu:
+# https://docs.aws.amazon.com/fsx/latest/LustreGuide/install-lustre-client.html), so the kernel's compiler (base.sh)
+# does not come into it.
 set -euo pipefail
 # Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs AWS's Lustre repository and a kernel module for the host's kernel.
 if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "lustre.sh: skipped on a rehearsal node"; exit 0; fi

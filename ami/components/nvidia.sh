@@ -4,7 +4,8 @@
 # Fabric Manager, which NVSwitch hosts need at exactly this driver's version, is the next component
 # (fabricmanager.sh), which also runs on a base that brought its own driver.
 # Reads: NVIDIA_DRIVER_VERSION, NVIDIA_KERNEL_MODULE_TYPE (open|proprietary), CUDA_VERSION, CUDA_APT_PACKAGE;
-# SCALETRAIN_CUDA_HOME (ami/paths.py).
+# SCALETRAIN_CUDA_HOME and SCALETRAIN_KERNEL_CC_FILE (ami/paths.py: the compiler the kernel was built with, which
+# base.sh read from the kernel and installed).
 set -euo pipefail
 # Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs a GPU and NVIDIA's driver repository.
 if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "nvidia.sh: skipped on a rehearsal node"; exit 0; fi
@@ -13,6 +14,7 @@ if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "nvidia.sh: skipped on a rehe
 : "${CUDA_VERSION:?set by the Image Builder component from ami/versions.json}"
 : "${CUDA_APT_PACKAGE:?set by the Image Builder component from ami/versions.json}"
 : "${SCALETRAIN_CUDA_HOME:?set by the Image Builder component from ami/paths.py}"
+: "${SCALETRAIN_KERNEL_CC_FILE:?set by the Image Builder component from ami/paths.py}"
 export DEBIAN_FRONTEND=noninteractive
 CUDA_REPO=https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64
 
@@ -27,11 +29,20 @@ verify() {
 }
 
 install_() {
-    local work
+    local work kernel_cc
     work=$(mktemp -d)
     curl -fsSL -o "$work/driver.run" \
         "https://us.download.nvidia.com/tesla/${NVIDIA_DRIVER_VERSION}/NVIDIA-Linux-x86_64-${NVIDIA_DRIVER_VERSION}.run"
-    sh "$work/driver.run" --silent --dkms --no-questions --kernel-module-type="$NVIDIA_KERNEL_MODULE_TYPE"
+    # The installer builds the module with $CC and refuses one whose version is not the kernel's ("Compiler version
+    # check failed ... It is recommended to set the CC environment variable to the compiler that was used to compile
+    # the kernel"): base.sh recorded which (gcc-12 on Ubuntu 22.04's 6.8 kernels; build-essential's gcc is 11).
+    # AWS ParallelCluster builds the driver with CC set the same way
+    # (https://github.com/aws/aws-parallelcluster-cookbook/pull/2852).
+    kernel_cc=$(cat "$SCALETRAIN_KERNEL_CC_FILE") \
+        || { echo "error: $SCALETRAIN_KERNEL_CC_FILE is missing; the base component records the kernel's compiler" >&2
+             return 1; }
+    CC="$kernel_cc" sh "$work/driver.run" --silent --dkms --no-questions \
+        --kernel-module-type="$NVIDIA_KERNEL_MODULE_TYPE"
     curl -fsSL -o "$work/cuda-keyring.deb" "$CUDA_REPO/cuda-keyring_1.1-1_all.deb"
     dpkg -i "$work/cuda-keyring.deb" >/dev/null
     apt-get update -qq
