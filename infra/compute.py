@@ -132,6 +132,7 @@ class NodeIdentity(Construct):
         data_bucket: str | None,
         checkpoint_bucket: str | None = None,
         checkpoint_prefix: str = "",
+        checkpoint_kms_key: str | None = None,
         purpose: str = "nodes",
     ) -> None:
         super().__init__(scope, construct_id)
@@ -166,8 +167,31 @@ class NodeIdentity(Construct):
             )
         if checkpoint_bucket is not None:
             suppressions.append(self._grant_checkpoints(checkpoint_bucket, checkpoint_prefix))
+        if checkpoint_kms_key is not None:
+            self._grant_checkpoint_key(checkpoint_kms_key)
         NagSuppressions.add_resource_suppressions(self.role, suppressions, apply_to_children=True)
         self.profile = iam.CfnInstanceProfile(self, "InstanceProfile", roles=[self.role.role_name])
+
+    def _grant_checkpoint_key(self, key_arn: str) -> None:
+        """Use of the customer-managed KMS key the checkpoint bucket encrypts with (SSE-KMS), through S3 only.
+
+        "To upload an object encrypted with an AWS KMS key to Amazon S3, you need kms:GenerateDataKey permissions on
+        the key. To download an object encrypted with an AWS KMS key, you need kms:Decrypt permissions", and a
+        multipart upload needs both (https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html,
+        "Permissions"). Without them every PutObject the checkpoint copies make is AccessDenied however the bucket
+        grant reads. ``kms:ViaService`` keeps the grant to requests S3 makes on the nodes' behalf in the key's Region
+        (https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html#conditions-kms-via-service). The
+        key's own policy must let this account's IAM policies grant it (the default key policy does; a key in
+        another account must name the role in its key policy).
+        """
+        region = key_arn.split(":")[3]
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["kms:GenerateDataKey", "kms:Decrypt"],
+                resources=[key_arn],
+                conditions={"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}},
+            )
+        )
 
     def _grant_checkpoints(self, bucket: str, prefix: str) -> dict[str, object]:
         """What training/durable.py's AWS CLI calls need on ``s3://bucket/prefix/``, and only there; returns the

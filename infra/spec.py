@@ -53,6 +53,9 @@ _BUCKET = re.compile(r"(?!\d+\.\d+\.\d+\.\d+$)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}
 # "Including wildcard characters in the resource ARN"), so those could only widen or break the grant.
 _KEY_PREFIX = re.compile(r"(?!.*(?:^|/)\.{1,2}(?:/|$))[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
 CHECKPOINT_PREFIX_DEFAULT = "scaletrain-checkpoints"
+# A KMS key ARN (single- or multi-Region key: https://docs.aws.amazon.com/kms/latest/developerguide/concepts.html#key-id).
+_KMS_KEY_ARN = re.compile(r"arn:aws[a-z-]*:kms:[a-z]{2}(-[a-z]+)+-\d:\d{12}:key/"
+                          r"([0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}|mrk-[0-9a-f]{32})")
 _PLACEMENT_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 # FSx for Lustre SCRATCH_2 sizes: 1.2 TiB or a multiple of 2.4 TiB
@@ -112,6 +115,11 @@ class ClusterSpec(BaseModel):
     )
     checkpoint_prefix: str = Field(
         default=CHECKPOINT_PREFIX_DEFAULT, description="key prefix in checkpoint_bucket the nodes may write under"
+    )
+    checkpoint_kms_key: str | None = Field(
+        default=None,
+        description="ARN of the customer-managed KMS key checkpoint_bucket encrypts with (SSE-KMS); the nodes may use "
+        "it through S3 only",
     )
     efa: bool | None = Field(default=None, description="EFA on the workers; None = whenever the type has it")
     spot: bool = False
@@ -214,6 +222,19 @@ class ClusterSpec(BaseModel):
             raise ValueError("allowed: an S3 bucket name such as my-checkpoints (no s3:// prefix, no path)")
         return value
 
+    @field_validator("checkpoint_kms_key")
+    @classmethod
+    def _checkpoint_kms_key(cls, value: str | None) -> str | None:
+        # An IAM policy names a KMS key by its key ARN; an alias ARN in a policy's Resource does not authorize use of
+        # the key it points to (https://docs.aws.amazon.com/kms/latest/developerguide/cmks-in-iam-policies.html).
+        if value is not None and not _KMS_KEY_ARN.fullmatch(value):
+            raise ValueError(
+                "allowed: a KMS key ARN such as arn:aws:kms:us-east-1:123456789012:key/"
+                "1234abcd-12ab-34cd-56ef-1234567890ab (not an alias; `aws kms describe-key --key-id alias/NAME` "
+                "shows the key's Arn)"
+            )
+        return value
+
     @field_validator("checkpoint_prefix")
     @classmethod
     def _checkpoint_prefix(cls, value: str) -> str:
@@ -301,6 +322,8 @@ class ClusterSpec(BaseModel):
             )
         if "checkpoint_prefix" in self.model_fields_set and self.checkpoint_bucket is None:
             raise _CrossFieldError("checkpoint_prefix", self.checkpoint_prefix, "allowed only with checkpoint_bucket")
+        if self.checkpoint_kms_key is not None and self.checkpoint_bucket is None:
+            raise _CrossFieldError("checkpoint_kms_key", self.checkpoint_kms_key, "allowed only with checkpoint_bucket")
         if self.fsx_capacity_gib is not None and self.storage != "fsx":
             raise _CrossFieldError("fsx_capacity_gib", self.fsx_capacity_gib, "allowed only with storage=fsx")
         return self

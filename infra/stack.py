@@ -103,6 +103,7 @@ class ClusterStack(Stack):
             data_bucket=spec.data_bucket,
             checkpoint_bucket=spec.checkpoint_bucket,
             checkpoint_prefix=spec.checkpoint_prefix,
+            checkpoint_kms_key=spec.checkpoint_kms_key,
         )
         # Slurm: the munge key every node reads at boot, and the head node running the controller.
         munge_key = MungeKey(self, "Munge", cluster_name=spec.cluster_name)

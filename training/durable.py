@@ -176,12 +176,25 @@ def probe_commands(target: Target, name: str, aws_cli: str, region: str) -> list
             _aws(aws_cli, region, "s3", "rm", "--only-show-errors", url)]
 
 
+# S3 refuses a PutObject into a bucket encrypted with a customer-managed KMS key unless the caller may
+# kms:GenerateDataKey on it, and a GetObject unless it may kms:Decrypt
+# (https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html, "Permissions"); IAM's denial names
+# the action and the key: "... is not authorized to perform: kms:GenerateDataKey on resource: arn:aws:kms:...:key/..."
+# (https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_access-denied.html).
+_KMS_DENIED = re.compile(r"kms:(GenerateDataKey|Decrypt)\b(?:.*?on resource:\s*(arn:aws[a-z-]*:kms:[^\s\"']+))?")
+
+
 def probe_failure(uri: str, region: str, reason: str) -> str:
     """The one line a failed probe ends the run with: where, the AWS CLI's own reason, what to do."""
-    return (f"--checkpoint-to {uri} (region {region}): rank 0 could not write, read back and delete a test object "
-            f"there before training ({reason}); the node role may write only under the stack's "
-            f"-c checkpoint_bucket=/checkpoint_prefix=; deploy with them or choose a destination under them "
-            f"(a bucket in {region})")
+    head = (f"--checkpoint-to {uri} (region {region}): rank 0 could not write, read back and delete a test object "
+            f"there before training ({reason}); ")
+    kms = _KMS_DENIED.search(reason)
+    if kms:
+        key = kms.group(2) or "<the bucket's KMS key ARN>"
+        return (head + f"the bucket encrypts with a customer-managed KMS key and the node role may not use it "
+                       f"(kms:{kms.group(1)}): deploy with -c checkpoint_kms_key={key}")
+    return (head + f"the node role may write only under the stack's -c checkpoint_bucket=/checkpoint_prefix=; deploy "
+                   f"with them or choose a destination under them (a bucket in {region})")
 
 
 def upload_summary(uri: str, failed: list[str], attempted: int, newest_durable: str | None) -> str | None:
