@@ -232,3 +232,76 @@ def test_doctor_names_the_broken_node(cluster) -> None:
 @needs_root
 def test_doctor_bad_storage_option(cluster) -> None:
     assert_one_line_error(launch(cluster, "doctor", "--storage", "nfs"), "--storage must be one of: auto, fsx")
+
+
+# --- Which aws-ofi-nccl NCCL loaded: NCCL_DEBUG=INFO names it (issue 25, item 8) -------------------------------------
+
+NCCL_INFO = DATA / "nccl-info"
+
+
+@pytest.mark.parametrize(("case", "pinned", "status", "detail"), [
+    ("efa-ofi-1.18.0-nccl-2.29.2-two-nodes.txt", "1.18.0", "ok",
+     "aws-ofi-nccl 1.18.0 from /opt/aws-ofi-nccl/lib/libnccl-net.so, network Libfabric, provider efa (2 node(s))"),
+    # The two-plugins failure: a copy other than the pinned one came first in the search path.
+    ("efa-ofi-1.18.0-nccl-2.29.2-two-nodes.txt", "1.14.0", "fail",
+     "NCCL loaded aws-ofi-nccl 1.18.0 from /opt/aws-ofi-nccl/lib/libnccl-net.so, but the image pins 1.14.0 "
+     "(ami/versions.json): another plugin comes first in the library search path"),
+    ("p4d-ofi-1.16.2-nccl-2.27.3.txt", "1.16.2", "ok",
+     "aws-ofi-nccl 1.16.2 from libnccl-net.so, network Libfabric, provider efa (1 node(s))"),
+    ("p4d-ofi-1.16.2-nccl-2.27.3.txt", None, "ok",
+     "aws-ofi-nccl 1.16.2 from libnccl-net.so, network Libfabric, provider efa (1 node(s))"),
+    ("p4d-ofi-1.4.0-nccl-2.9.9.txt", "1.4.0", "ok",          # the old "Using aws-ofi-nccl 1.4.0aws" form
+     "aws-ofi-nccl 1.4.0aws, network AWS Libfabric, provider efa (1 node(s))"),
+    ("no-plugin-sockets.txt", "1.14.0", "fail",
+     "NCCL used network Socket on TUF-Node02, not EFA: NCCL found no plugin (libnccl-net.so)"),
+    ("ofi-1.12.1-provider-tcp.txt", "1.12.1", "fail",
+     "aws-ofi-nccl 1.12.1-aws on 6f2d8a82d208 chose libfabric's tcp provider, not efa"),
+])  # fmt: skip
+def test_the_plugin_nccl_loaded_is_read_from_real_info_lines(case, pinned, status, detail) -> None:
+    from launcher.doctor.ncclnet import check_nccl_net
+
+    check = check_nccl_net((NCCL_INFO / case).read_text(), P4D, pinned=pinned)
+    assert (check.status, check.detail) == (status, detail)
+
+
+def test_ranks_that_loaded_different_plugins_fail_and_no_info_lines_fail() -> None:
+    from launcher.doctor.ncclnet import check_nccl_net
+
+    two = (NCCL_INFO / "efa-ofi-1.18.0-nccl-2.29.2-two-nodes.txt").read_text()
+    mixed = two.replace("gpu-st-ml-1:78499:78499 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.18.0",
+                        "gpu-st-ml-1:78499:78499 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.14.0")
+    check = check_nccl_net(mixed, P4D, pinned="1.14.0")
+    assert (check.status, check.detail) == (
+        "fail", "ranks loaded different aws-ofi-nccl plugins: 1.14.0 on gpu-st-ml-1; 1.18.0 on gpu-st-ml-2")
+    bare = (DATA / "all_reduce_perf-p4d-2nodes-efa.txt").read_text()
+    assert check_nccl_net(bare, P4D, pinned="1.14.0").status == "fail"
+    assert check_nccl_net(bare, catalog.get("p3.16xlarge"), pinned="1.14.0").status == "skip"
+    assert check_nccl_net(bare, P4D, pinned="1.14.0", efa_devices=0).status == "skip"
+
+
+def test_launch_doctor_asks_nccl_which_plugin_it_loaded_and_checks_the_images_pin(monkeypatch) -> None:
+    """The allreduce runs with NCCL_DEBUG=INFO (INIT, NET), and the verdict compares the plugin NCCL named with the
+    image's scaletrain:aws-ofi-nccl tag (ami/versions.json)."""
+    from test_aws_plans import cluster as aws_cluster
+
+    from ami.render import load_versions
+    from launcher.doctor import runner
+    from launcher.execute import remote
+
+    c = aws_cluster("p4d.24xlarge")
+    argv = runner.nccl_test_argv(c, c.workers, P4D, "/tmp/hostfile")
+    assert argv[argv.index("NCCL_DEBUG=INFO") - 1:argv.index("NCCL_DEBUG=INFO") + 1] == ["-x", "NCCL_DEBUG=INFO"]
+    assert "NCCL_DEBUG_SUBSYS=INIT,NET" in argv
+    pinned = load_versions().aws_ofi_nccl
+    assert c.aws.software["aws-ofi-nccl"] == pinned
+    info = (NCCL_INFO / "p4d-ofi-1.16.2-nccl-2.27.3.txt").read_text()
+    perf = (DATA / "all_reduce_perf-p4d-2nodes-efa.txt").read_text()
+
+    def run_all(cluster, nodes, command):
+        return [remote.NodeResult(n.name, 0, "", "") for n in nodes]
+
+    monkeypatch.setattr(remote, "run_all", run_all)
+    monkeypatch.setattr(remote, "check", lambda cluster, node, command, **kw: (0, info + perf))
+    (plugin,) = [ch for ch in runner.diagnose(c, storage="none") if ch.name == "nccl plugin"]
+    assert plugin.status == "fail" and plugin.node == "all nodes"
+    assert plugin.detail.startswith(f"NCCL loaded aws-ofi-nccl 1.16.2 from libnccl-net.so, but the image pins {pinned}")

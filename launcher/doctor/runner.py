@@ -14,6 +14,7 @@ from infra import catalog
 from launcher.cluster import Cluster, Node
 from launcher.doctor import checks as doctor
 from launcher.doctor.checks import Check
+from launcher.doctor.ncclnet import DEBUG_ENV, check_nccl_net
 from launcher.errors import LaunchError
 from launcher.execute import remote
 from launcher.plans import efa, job
@@ -46,7 +47,8 @@ def mpi_hello_argv(cluster: Cluster, nodes: list[Node], hostfile_path: str) -> l
 def nccl_test_argv(cluster: Cluster, nodes: list[Node], instance: catalog.InstanceType,
                    hostfile_path: str) -> list[str]:
     """nccl-tests' all_reduce_perf, one rank per GPU on every node, with the EFA environment of launcher.plans.efa (none
-    where the workers' node group is on TCP)."""
+    where the workers' node group is on TCP), and NCCL's INIT and NET INFO lines, which name the net plugin it loaded
+    (launcher/doctor/ncclnet.py)."""
     ranks = sum(n.slots for n in nodes)
     argv = job.mpirun_head(cluster)
     argv += ["-np", str(ranks), "--hostfile", hostfile_path, "--bind-to", "none", "--map-by", "slot",
@@ -54,7 +56,7 @@ def nccl_test_argv(cluster: Cluster, nodes: list[Node], instance: catalog.Instan
     fabric, mca = efa.for_cluster(cluster)
     for key, value in mca:
         argv += ["--mca", key, value]
-    env = fabric | {"LD_LIBRARY_PATH": ":".join(paths.LIB_PATH)}
+    env = fabric | DEBUG_ENV | {"LD_LIBRARY_PATH": ":".join(paths.LIB_PATH)}
     for key, value in sorted(env.items()):
         argv += ["-x", f"{key}={value}"]
     return argv + [NCCL_TESTS, "-b", "8", "-e", "2G", "-f", "2", "-g", "1"]
@@ -116,4 +118,8 @@ def diagnose(cluster: Cluster, *, storage: str = "auto") -> list[Check]:
     else:
         code, out = _across_nodes(cluster, workers, lambda h: nccl_test_argv(cluster, workers, instance, h))
         checks.append(doctor.on_node([doctor.check_bus_bandwidth(code, out, instance, len(workers))], across)[0])
+        # Which aws-ofi-nccl NCCL loaded, against the one the image pins (its scaletrain:aws-ofi-nccl tag).
+        pinned = efa.versions_of(cluster.aws.software).aws_ofi_nccl if cluster.aws else None
+        checks.append(doctor.on_node([check_nccl_net(out, instance, pinned=pinned,
+                                                     efa_devices=None if efa.uses_efa(cluster) else 0)], across)[0])
     return checks
