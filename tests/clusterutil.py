@@ -26,10 +26,11 @@ TINY = ["--model", "resnet18", "--image-size", "32", "--batch-per-gpu", "8", "--
         "--workers", "1"]
 
 
-def launch(home: Path, *args: str, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
+def launch(home: Path, *args: str, timeout: float = 600, check: bool = False,
+           cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "SCALETRAIN_HOME": str(home), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     proc = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)
+                          env=env, timeout=timeout, cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"launch {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc

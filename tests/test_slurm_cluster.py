@@ -194,6 +194,80 @@ def test_a_failure_the_trainer_names_is_not_requeued(home):
     assert failed and failed[0]["state"] == "failed" and failed[0]["restarts"] == 0, failed
 
 
+# A script written for torchrun that knows nothing of scaletrain: the torchrun variables and a gloo all-reduce.
+TORCHRUN_SCRIPT = """\
+import os, socket, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # env:// : MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"host={socket.gethostname()} rank={dist.get_rank()} world={dist.get_world_size()} "
+      f"local={os.environ['LOCAL_RANK']}/{os.environ['LOCAL_WORLD_SIZE']} node={os.environ['NODE_RANK']} "
+      f"sum={t.item():g} args={sys.argv[1:]}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_torchrun_script_runs_unchanged_on_two_nodes(home, tmp_path):
+    """The issue's "done when": `launch run --workdir . -- python script.py` from the script's directory: world size
+    2 on two machines, each rank's output streamed; a second run sends only what changed."""
+    work = tmp_path / "proj"
+    (work / "data").mkdir(parents=True)
+    (work / "script.py").write_text(TORCHRUN_SCRIPT)
+    (work / "old.py").write_text("")
+    (work / "data/big.bin").write_bytes(b"x" * 100_000)  # left out by the directory's own ignore file
+    (work / ".scaletrainignore").write_text("data/\n")
+    (work / "__pycache__").mkdir()
+    (work / "__pycache__/script.cpython-311.pyc").write_bytes(b"\0")
+    proc = launch(home, "run", "--cluster", "local", "--workdir", ".", "--", "python", "script.py", "--lr", "0.1",
+                  cwd=work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 file(s) sent" in proc.stdout and "0 unchanged" in proc.stdout, proc.stdout
+    ranks = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("[rank ") and "host=" in ln)
+    assert ranks == ["[rank 0] host=node0 rank=0 world=2 local=0/1 node=0 sum=3 args=['--lr', '0.1']",
+                     "[rank 1] host=node1 rank=1 world=2 local=0/1 node=1 sum=3 args=['--lr', '0.1']"], proc.stdout
+    job_id = next(ln.split()[1].rstrip(":") for ln in proc.stdout.splitlines() if ln.startswith("job "))
+    listed = job(home, job_id)
+    assert listed["state"] == "succeeded" and listed["name"] == "run-python", listed
+    synced = next(ln for ln in proc.stdout.splitlines() if ln.startswith("synced "))
+    copy = synced.split(" to ", 1)[1].split(":", 1)[0]
+    assert not on_host(home, f"{copy}/data").exists() and not on_host(home, f"{copy}/__pycache__").exists()
+    # Again, with one file changed and one gone: only those travel.
+    (work / "script.py").write_text(TORCHRUN_SCRIPT.replace("flush=True", "flush=True)  # v2\nprint('v2'"))
+    (work / "old.py").unlink()
+    (work / "notes.txt").write_text("n")
+    again = launch(home, "run", "--cluster", "local", "--workdir", str(work), "--", "python", "script.py", cwd=work)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"synced {work} to {copy}: 2 file(s) sent" in again.stdout, again.stdout
+    assert "1 unchanged, 1 removed" in again.stdout and not on_host(home, f"{copy}/old.py").exists(), again.stdout
+    assert sum(ln == "[rank 0] v2" or ln == "[rank 1] v2" for ln in again.stdout.splitlines()) == 2, again.stdout
+
+
+def test_a_horovod_script_and_a_failing_command_under_launch_run(home, tmp_path):
+    work = tmp_path / "hvd"
+    work.mkdir()
+    (work / "hvd_script.py").write_text(
+        "import horovod.torch as hvd, torch\nhvd.init()\n"
+        "s = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)\n"
+        "print(f'hvd rank={hvd.rank()} size={hvd.size()} sum={s.item():g}', flush=True)\n")
+    (work / "bad.py").write_text("import sys\nprint('about to fail', flush=True)\nsys.exit(4)\n")
+    proc = launch(home, "run", "--cluster", "local", "--workdir", str(work), "--engine", "horovod", "--",
+                  "python", "hvd_script.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[rank 0] hvd rank=0 size=2 sum=2" in proc.stdout and "[rank 1] hvd rank=1 size=2 sum=2" in proc.stdout
+    failed = launch(home, "run", "--cluster", "local", "--workdir", str(work), "--max-restarts", "1", "--",
+                    "python", "bad.py")
+    assert_one_line_error(failed, "failed", "exited with code 4", "not retried")
+    assert "[rank 0] about to fail" in failed.stdout
+    for args, said in ((["--procs-per-node", "2"], "--procs-per-node 2 is more than the 1 vCPU(s) of node0"),
+                       (["--workdir", str(work / "nope")], "is not a directory"),
+                       ([], "needs a command after --")):
+        assert_one_line_error(launch(home, "run", "--cluster", "local", *args, *(["--", "true"] if args else [])),
+                              said)
+
+
 
 def test_a_node_that_fails_its_health_check_drains_itself_and_a_replacement_returns(home):
     """The doctor's node checks as Slurm's HealthCheckProgram: run here as slurmd runs it. node1 loses its shared

@@ -68,18 +68,22 @@ def test_not_under_mpirun_is_said():
         userjob.torchrun_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"})
 
 
-@pytest.mark.parametrize("asked,expected", [(None, 2), (1, 1), (3, 3)])
+@pytest.mark.parametrize("asked,expected", [(None, 2), (1, 1), (4, 4)])
 def test_processes_per_node(asked, expected):
     from test_plan import local_cluster
 
-    assert userjob.procs_per_node(local_cluster(1).nodes[0].model_copy(update={"slots": 2}), asked) == expected
+    node = local_cluster(1).nodes[0].model_copy(update={"slots": 2, "cpus": 4})
+    assert userjob.procs_per_node(node, asked) == expected
 
 
-def test_processes_per_node_refuses_zero():
+@pytest.mark.parametrize("asked,why", [(0, "--procs-per-node must be >= 1"),
+                                       (5, "--procs-per-node 5 is more than the 4 vCPU")])
+def test_processes_per_node_refused(asked, why):
+    """One over the node's vCPUs would queue a job Slurm can never start."""
     from test_plan import local_cluster
 
-    with pytest.raises(ValueError, match="--procs-per-node must be >= 1"):
-        userjob.procs_per_node(local_cluster(1).nodes[0], 0)
+    with pytest.raises(ValueError, match=why):
+        userjob.procs_per_node(local_cluster(1).nodes[0].model_copy(update={"cpus": 4}), asked)
 
 
 def test_the_run_jobs_mpirun_line():

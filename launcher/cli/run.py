@@ -118,7 +118,10 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
                           f"one (locally `launch local up --slurm`; on AWS -c storage=fsx or beegfs)")
     chosen = c.select_workers(nodes)
     first = chosen[0]
-    per_node = userjob.procs_per_node(first, procs)
+    try:
+        per_node = userjob.procs_per_node(first, procs)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     output = f"{shared}/runs/{stamp}-run"
     copied = sync.push(c, first, workdir, shared)
     p = copied.plan
@@ -131,11 +134,13 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
         name=f"run-{Path(command[0]).name}"[:40], nodes=len(chosen), slots=per_node, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
         shared_memory_gib=_shared_memory_gib(c), rendezvous_port=userjob.MASTER_PORT, submitted_by="launch run"))
-    job_id, ended, _ = jobcli.submit_and_follow(
+    job_id, ended, seen = jobcli.submit_and_follow(
         c, script, output, f"{len(chosen)} node(s) x {per_node} process(es), run directory {output}")
     if teardown:
         _say(f"the cluster takes itself down now that job {job_id} has ended (--teardown)")
     if ended.state != "succeeded":
-        raise LaunchError(f"job {job_id} {ended.state} ({ended.slurm_state}, exit {ended.exit_code}); output "
-                          f"{output}/slurm-{job_id}.out")
+        said = [ln for ln in seen if ln.startswith("error: ")]
+        raise LaunchError(f"job {job_id} {ended.state} ({ended.slurm_state}, exit {ended.exit_code})"
+                          + (f": {said[-1][len('error: '):]}" if said else "")
+                          + f"; output {output}/slurm-{job_id}.out")
     _say(f"job {job_id} succeeded; output {output}/slurm-{job_id}.out")

@@ -207,7 +207,8 @@ def main(args: list[str] | None = None) -> int:
                               max_restarts=a.max_restarts, previous_lost=history[-1]["lost"] if history else None,
                               progressed=at is not None)
     if not verdict.retry:
-        print(f"error: training failed: {verdict.why}", flush=True)
+        print(f"error: {'the command' if a.rendezvous_port is not None else 'training'} failed: {verdict.why}",
+              flush=True)
         return code or 1
     newest = newest_checkpoint_epoch(Path(a.output))
     step = restarts.Restart(attempt=restart + 1, why=why, lost=list(lost),

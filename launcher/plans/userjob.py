@@ -98,6 +98,11 @@ def procs_per_node(node: Node, asked: int | None) -> int:
         return node.slots
     if asked < 1:
         raise ValueError(f"--procs-per-node must be >= 1, got {asked}")
+    # Slurm gives a task at least one CPU (sbatch(1), --ntasks-per-node with CR_Core): more processes than the node
+    # has vCPUs would leave the job pending for ever (Reason=PartitionConfig on dynamic nodes).
+    if asked > node.cpus:
+        raise ValueError(f"--procs-per-node {asked} is more than the {node.cpus} vCPU(s) of {node.name}; "
+                         f"at most {node.cpus}")
     return asked
 
 
@@ -115,9 +120,10 @@ def run_mpirun(cluster: Cluster, workers: list[Node], *, procs: int, workdir: st
     sized = [n.model_copy(update={"slots": procs}) for n in workers]
     # The ddp engine's line: a rendezvous and, on the cluster's MPI interface, gloo's own sockets (a rehearsal node's
     # name resolves to nothing, and gloo would bind loopback), what a torchrun script needs whichever engine it uses.
-    spec = job.TrainSpec(data="", output=output, engine="ddp")
+    # (No trainer here: its loader workers and threads are set so nothing sizes them from the nodes' vCPUs.)
+    spec = job.TrainSpec(data="", output=output, engine="ddp", workers=0, threads=1)
     argv = slurm.job_mpirun(cluster, sized, spec, fabric_env=fabric_env, mca=mca)
-    trainer = job.trainer_argv(cluster.python, job.sized(spec, sized))
+    trainer = job.trainer_argv(cluster.python, spec)
     head = _forward_by_name(argv[:len(argv) - len(trainer)], ("MASTER_ADDR", "MASTER_PORT"))
     env = {"SCALETRAIN_ENGINE": engine, "SCALETRAIN_OUTPUT": output, "SCALETRAIN_WORKDIR": workdir}
     if checkpoint_to:
