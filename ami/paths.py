@@ -11,7 +11,8 @@ LD_LIBRARY_PATH on the remote node before invoking orted").
 Paths of vendor software are where its installer puts it:
 - the EFA installer: libfabric in ``/opt/amazon/efa``, Open MPI in ``/opt/amazon/openmpi``
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html, "Install the EFA software");
-- aws-ofi-nccl built with ``--prefix=/opt/amazon/ofi-nccl``, as the EFA installer's own copy sits;
+- aws-ofi-nccl built with ``--prefix=/opt/amazon/ofi-nccl``, where the EFA installer's own copy sits (that copy is
+  purged: the image carries the one plugin ami/versions.json pins, ami/components/aws-ofi-nccl.sh);
 - CUDA's toolkit at ``/usr/local/cuda`` (NVIDIA CUDA Installation Guide for Linux, "Post-installation Actions");
 - AWS CLI v2 at ``/usr/local/bin/aws``, the installer's default ``--bin-dir``
   (https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html).

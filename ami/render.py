@@ -123,7 +123,8 @@ COMPONENTS: tuple[Component, ...] = (
     Component("fabricmanager", "NVIDIA Fabric Manager at the driver's version, enabled (NVSwitch hosts)"),
     Component("efa", "EFA installer: EFA module, libfabric, Open MPI under /opt/amazon"),
     Component("nccl", "NCCL and nccl-tests"),
-    Component("aws-ofi-nccl", "aws-ofi-nccl NCCL net plugin for EFA, in /opt/amazon/ofi-nccl"),
+    Component("aws-ofi-nccl", "aws-ofi-nccl NCCL net plugin for EFA, in /opt/amazon/ofi-nccl: the only one on the "
+              "image (the EFA installer's own is purged)"),
     Component("pytorch", "PyTorch (CUDA build) in the training venv"),
     Component("horovod", "Horovod from its sdist with NCCL and MPI, C++17 fix"),
     Component("beegfs", "BeeGFS management, metadata, storage and client"),

@@ -287,7 +287,10 @@ echo "configure $*" >>"$CALLS"
 test -f "$SYSROOT/usr/include/hwloc.h" || { echo "configure: error: hwloc not found" >&2; exit 1; }
 for a in "$@"; do case "$a" in --prefix=*) echo "${a#--prefix=}" >prefix ;; esac; done
 """
-MAKE = 'if [ "${1:-}" = install ]; then p=$(cat prefix); mkdir -p "$p/lib"; touch "$p/lib/libnccl-net-ofi.so"; fi'
+# make install puts the plugin's libraries, which carry "Initializing aws-ofi-nccl VERSION" as the real ones do.
+MAKE = ('if [ "${1:-}" = install ]; then p=$(cat prefix); mkdir -p "$p/lib";'
+        ' for l in libnccl-net.so libnccl-net-ofi.so; do'
+        ' printf "\\177ELF\\0Initializing aws-ofi-nccl %s\\0" "$AWS_OFI_NCCL_VERSION" >"$p/lib/$l"; done; fi')
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) is not installed")
@@ -454,3 +457,56 @@ def test_module_builds_name_the_missing_kernel_compiler_before_building(tmp_path
     result = host.run(script, "build", env)
     assert result.returncode == 1
     assert "(gcc-12) is not installed; the base component installs it" in result.stderr
+
+
+# --- aws-ofi-nccl.sh: exactly one plugin on the image, the pinned one (issue 25, item 8) ----------------------------
+
+OFI_DPKG = """case "$1" in
+  -S) if grep -qxF "$2" "$STATE/owned.libnccl-ofi" 2>/dev/null; then echo "libnccl-ofi: $2"
+      else echo "dpkg-query: no path found matching pattern $2" >&2; exit 1; fi ;;
+  --purge) shift; for p in "$@"; do while read -r f; do rm -f "$f"; done <"$STATE/owned.$p"; rm -f "$STATE/owned.$p"
+           done ;;
+esac"""
+# The loader's cache: the loose plugin of a base image, where it still exists.
+OFI_LDCONFIG = 'if [ "${1:-}" = -p ]; then for f in $LOOSE; do [ -f "$f" ] && printf "\\tlibnccl-net.so (libc6,x86-64) => %s\\n" "$f"; done; fi; true'  # noqa: E501
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) is not installed")
+def test_the_image_keeps_only_the_pinned_aws_ofi_nccl(tmp_path) -> None:
+    """EFA installer 1.38 ships a plugin (its libnccl-ofi package, below /opt/amazon/ofi-nccl); a base image may carry
+    a loose one in the loader's cache. NCCL would load whichever the search path finds first: only the build's own,
+    at the pinned version, may remain."""
+    version = VERSIONS.aws_ofi_nccl
+    source = tmp_path / "src" / f"aws-ofi-nccl-{version}"
+    source.mkdir(parents=True)
+    (source / "configure").write_text(CONFIGURE.replace('test -f "$SYSROOT/usr/include/hwloc.h" || ', "true || "))
+    (source / "configure").chmod(0o755)
+    with tarfile.open(tmp_path / "release.tar.gz", "w:gz") as tar:
+        tar.add(source, arcname=source.name)
+    prefix = tmp_path / "opt" / "amazon" / "ofi-nccl"
+    packaged = prefix / "lib" / "x86_64-linux-gnu" / "libnccl-net-ofi.so"   # the EFA installer's package
+    loose = tmp_path / "opt" / "aws-ofi-nccl" / "lib" / "libnccl-net.so"      # a base image's own build
+    for plugin, other in ((packaged, "1.13.2"), (loose, "1.7.3-aws")):
+        plugin.parent.mkdir(parents=True)
+        plugin.write_bytes(f"\x7fELF\x00Initializing aws-ofi-nccl {other}\x00".encode())
+    host = Host(tmp_path, {"curl": f"cat {tmp_path / 'release.tar.gz'}", "apt-get": "true", "make": MAKE,
+                           "ldconfig": OFI_LDCONFIG, "dpkg": OFI_DPKG})
+    (host.state / "owned.libnccl-ofi").write_text(f"{packaged}\n")
+    env = {**component_env("aws-ofi-nccl"), "SCALETRAIN_OFI_NCCL_PREFIX": str(prefix), "LOOSE": str(loose),
+           "SCALETRAIN_LIB_PATH": f"{prefix}/lib:{tmp_path}/opt/amazon/efa/lib"}
+    sandbox = sandboxed_etc(tmp_path)
+    result = host.run("aws-ofi-nccl.sh", "build", env, wrap=sandbox)
+    assert result.returncode == 0, result.stderr
+    calls = host.called()
+    purge = calls.index("dpkg --purge libnccl-ofi")
+    assert purge < next(i for i, c in enumerate(calls) if c.startswith("configure "))
+    assert not packaged.exists() and not loose.exists()
+    left = sorted(p.relative_to(prefix).as_posix() for p in prefix.rglob("libnccl-net*.so*"))
+    assert left == ["lib/libnccl-net-ofi.so", "lib/libnccl-net.so"]
+    assert all(f"Initializing aws-ofi-nccl {version}".encode() in (prefix / p).read_bytes() for p in left)
+    assert host.run("aws-ofi-nccl.sh", "validate", env, wrap=sandbox).returncode == 0
+    # A copy that comes back (a package reinstalled, a file copied in) fails the image's validation by name.
+    loose.write_bytes(b"\x7fELF\x00Initializing aws-ofi-nccl 1.7.3-aws\x00")
+    again = host.run("aws-ofi-nccl.sh", "validate", env, wrap=sandbox)
+    assert again.returncode == 1
+    assert f"other aws-ofi-nccl plugins NCCL could load instead of {prefix}/lib's: {loose}" in again.stderr
