@@ -26,6 +26,10 @@ The environment contract (what `launch run` sets; `choose` is the one place that
 | MASTER_ADDR, MASTER_PORT | the rendezvous of DDP and of the reducer tier's gloo world (default 127.0.0.1:29500) |
 | GLOO_SOCKET_IFNAME, HOROVOD_GLOO_IFACE, NCCL_*, FI_* | read by torch, Horovod, NCCL and libfabric themselves |
 
+Sources: torchrun's variables, "torchrun (Elastic Launch)", "Environment Variables",
+https://docs.pytorch.org/docs/stable/elastic/run.html; Open MPI's, mpirun(1) "Exported Environment Variables",
+https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php.
+
 Inferred when SCALETRAIN_ENGINE is unset: OMPI_COMM_WORLD_SIZE set (mpirun) -> horovod; else WORLD_SIZE set
 (torchrun) -> ddp; else one process alone (`single`: no communication at all).
 
@@ -101,8 +105,10 @@ def choose(env: Mapping[str, str]) -> Choice:
         raise DistributedError(f"SCALETRAIN_ENGINE={engine} with SCALETRAIN_REDUCERS={reducers}: the reducer engine "
                                f"needs SCALETRAIN_REDUCERS >= 1, and only it takes reducers")
     if engine == "horovod" and mpi_size is None and (world or 1) > 1:
-        # Horovod learns its ranks from MPI (horovod.torch.init under mpirun); without mpirun's variables every
-        # process would be rank 0 of 1 and train alone.
+        # Horovod learns its world from MPI under mpirun, or from horovodrun's Gloo rendezvous ("Horovod with MPI",
+        # https://horovod.readthedocs.io/en/stable/mpi_include.html); torchrun's variables it does not read: with
+        # RANK=1 WORLD_SIZE=2 and no mpirun, hvd.init() gives rank 0 of size 1 (Horovod 0.28.1, measured), so
+        # every process would train alone.
         raise DistributedError(f"SCALETRAIN_ENGINE=horovod needs mpirun (no OMPI_COMM_WORLD_SIZE here, but "
                                f"WORLD_SIZE={world}): start under mpirun, or use SCALETRAIN_ENGINE=ddp")
     if engine != "reducer":
