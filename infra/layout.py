@@ -13,10 +13,11 @@ November 2026):
   address and one EFA device on card 0; an EFA-only interface can never be the primary);
 - every other network card gets one interface of type ``efa-only``: an EFA device with no IP address, at device
   index **0** ("For each additional network interface, use the next unused network card index, device index 0, for
-  EFA-only network interface, and/or device index 1 for ENA network interface"). AWS introduced EFA-only interfaces (October 2024, every EFA instance type) so that a p5 does not
-  take 32 addresses from the subnet and Linux does not see 32 ENA devices in one subnet, whose source-address
-  routing drops packets. NCCL (aws-ofi-nccl) uses EFA devices, not IP addresses, so all cards still carry
-  collective traffic: p4d 4 devices (400 Gbps), p5 32 (3,200 Gbps), p5en 16 (3,200 Gbps).
+  EFA-only network interface, and/or device index 1 for ENA network interface"). AWS introduced EFA-only
+  interfaces (October 2024, every EFA instance type) so that a p5 does not take 32 addresses from the subnet and
+  Linux does not see 32 ENA devices in one subnet, whose source-address routing drops packets. NCCL (aws-ofi-nccl)
+  uses EFA devices, not IP addresses, so all cards still carry collective traffic: p4d 4 devices (400 Gbps), p5 32
+  (3,200 Gbps), p5en 16 (3,200 Gbps).
 
 A type without EFA, or a node group that does not use it, gets one ordinary interface.
 """
