@@ -24,8 +24,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="scaletrain-bench-") as home:
         os.environ["SCALETRAIN_HOME"] = home
-        from launcher.cluster import local
         from launcher.execute import remote
+        from launcher.local import backend as local
 
         cluster = local.up(args.nodes)
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster.local import descendants
+from launcher.local.backend import descendants
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from clusterutil import alive, assert_one_line_error, cluster_state, launch
 
-from launcher.cluster import local
 from launcher.errors import LaunchError
+from launcher.local import backend as local
 
 pytestmark = pytest.mark.cluster
 

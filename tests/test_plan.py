@@ -11,9 +11,9 @@ from ami import paths
 from infra.catalog import get
 from launcher import render
 from launcher.cluster import Cluster, Node
-from launcher.cluster.local import cpus_per_node, node_names
 from launcher.doctor import runner as doctor_run
 from launcher.errors import LaunchError
+from launcher.local.backend import cpus_per_node, node_names
 from launcher.plans import job as plan
 from launcher.plans import offline
 

@@ -28,9 +28,9 @@ from clusterutil import (
 )
 
 from launcher import cluster as clusters
-from launcher.cluster import local
-from launcher.cluster import rehearsal_nodes as nodes_
 from launcher.errors import LaunchError
+from launcher.local import backend as local
+from launcher.local import rehearsal_nodes as nodes_
 
 pytestmark = [pytest.mark.cluster, needs_root]
 

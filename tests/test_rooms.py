@@ -146,3 +146,63 @@ def test_no_module_is_over_500_lines(package):
     long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / package).rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > 500}
     assert long == {}, f"split these along their seams: {long}"
+
+
+# The launcher's rooms (docs/design.md, "Rooms"): each package of launcher/, and the modules at its top.
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
+
+
+def _imports(path: Path) -> list[tuple[str, str, int]]:
+    """(module imported, name imported or '', line) of every import of a launcher module in ``path``, function
+    bodies too."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, "", node.lineno) for a in node.names if a.name.startswith("launcher")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                node.module.startswith("launcher"):
+            out += [(node.module, a.name, node.lineno) for a in node.names]
+    return out
+
+
+def _launcher_modules() -> dict[str, Path]:
+    found = {}
+    for path in (ROOT / "launcher").rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        found[".".join(parts)] = path
+    return found
+
+
+def room_graph() -> dict[str, set[str]]:
+    """Which room imports which (a room's own package model, launcher.cluster's __init__, counts as the room)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in _launcher_modules().items():
+        mine = _room(module)
+        for imported, name, _ in _imports(path):
+            target = imported if f"{imported}.{name}" not in _launcher_modules() else f"{imported}.{name}"
+            theirs = _room(target)
+            if theirs != mine:
+                graph.setdefault(mine, set()).add(theirs)
+    return graph
+
+
+def test_no_import_circle_between_the_cluster_model_execution_and_the_local_backend():
+    """cluster/ (the model and the AWS backend's decisions) <- execute/ (commands on nodes) <- local/ (the local
+    backend, which runs commands on its nodes): no way back, so each can be read, tested and replaced alone."""
+    graph = room_graph()
+    for room in ("launcher.cluster", "launcher.execute", "launcher.local"):
+        assert room in graph or room == "launcher.cluster"
+    assert "launcher.local" not in graph.get("launcher.cluster", set())
+    assert "launcher.execute" not in graph.get("launcher.cluster", set())
+    assert "launcher.local" not in graph.get("launcher.execute", set())
+
+
+def test_no_private_name_is_imported_across_rooms():
+    modules = _launcher_modules()
+    crossing = [f"{module}:{line} imports {imported}.{name}"
+                for module, path in modules.items() for imported, name, line in _imports(path)
+                if name.startswith("_") and name != "__version__" and _room(imported) != _room(module)]
+    assert crossing == []

@@ -6,8 +6,8 @@ import typer
 
 from launcher import cluster as clusters
 from launcher.cli.common import console
-from launcher.cluster import local
 from launcher.errors import LaunchError
+from launcher.local import backend as local
 
 app = typer.Typer(no_args_is_help=True, help="A local cluster: rehearsal nodes built by the image recipe, each its "
                                               "own machine (default), or sshd processes on 127.0.0.1 (--loopback).")
@@ -49,7 +49,7 @@ def local_up(nodes: int = typer.Option(2, "--nodes", help="Worker nodes."),
 def local_build():
     """Build the rehearsal nodes' root with the image recipe (ami/components, hardware layers skipped), or find it
     in the cache (keyed by the recipe and the project's source). `launch local up` does this first."""
-    from launcher.cluster import rehearsal
+    from launcher.local import rehearsal_root as rehearsal
 
     layers = rehearsal.ensure_root()
     console.print(f"rehearsal root: {layers.system} + {layers.project}", markup=False, highlight=False)
@@ -58,7 +58,7 @@ def local_build():
 @app.command("down")
 def local_down(cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local cluster name.")):
     """Stop the local cluster's nodes and remove what `up` made (namespaces, bridge, state)."""
-    from launcher.cluster import local_rehearsal
+    from launcher.local import rehearsal_cluster as local_rehearsal
 
     d = clusters.cluster_dir(cluster)
     if not (d / "cluster.json").exists() and local_rehearsal.leftovers(d):  # a crash mid-`up`

@@ -12,9 +12,9 @@ from rich.table import Table
 
 from launcher import cluster as clusters
 from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, err, target
-from launcher.cluster import local
 from launcher.errors import LaunchError
 from launcher.execute import remote, run
+from launcher.local import backend as local
 from launcher.plans import job
 
 app = typer.Typer()
@@ -183,13 +183,12 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     if stack is None:
         assert c is not None
         try:
-            from launcher.execute.recovery import replace_local
-
             if c.shares_launcher_fs:  # loopback nodes see this machine's paths
                 body(c, run.local_output(output, stamp), str(Path(data).expanduser().resolve()) if data else "",
-                     replace_local)
+                     local.replace_local)
             else:  # rehearsal nodes, like EC2 instances, see their own disks and the shared storage only
-                body(c, output or f"{c.shared_root or c.nodes[0].workdir}/runs/{stamp}", data or "", replace_local)
+                body(c, output or f"{c.shared_root or c.nodes[0].workdir}/runs/{stamp}", data or "",
+                     local.replace_local)
         finally:
             if teardown:
                 _teardown(c)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from launcher.cluster import Node
-from launcher.cluster.local import write_atomic
+from launcher.files import write_atomic
 from launcher.plans import faults, restarts
 
 PROBE_TIMEOUT_S = 10

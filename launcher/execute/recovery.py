@@ -25,17 +25,3 @@ def write_record(c: Cluster, first: Node, out: str, history: list[restarts.Resta
     remote.check(c, first, f"mv -f {shlex.quote(f'{out}/.{restarts.RECORD_FILE}.tmp')} "
                            f"{shlex.quote(f'{out}/{restarts.RECORD_FILE}')}")
 
-
-def replace_local(c: Cluster, lost: list[str]) -> Cluster:
-    """A lost local node, as its Auto Scaling group would: stopped if it still runs (hung), then booted afresh."""
-    from launcher.cluster import local
-
-    running = set(local.running_nodes(c))
-    for name in lost:
-        if name in running:
-            local.kill(c, name)
-    new, replaced = local.replace(c, lost)
-    for r in replaced:
-        print(f"[launch] {r.node} replaced: {new.node(r.node).address}:{r.port}, host key {r.fingerprint} pinned",
-              flush=True)
-    return new

@@ -25,6 +25,7 @@ from pathlib import Path
 from launcher import render
 from launcher.cluster import Cluster, Node, cluster_dir, load, save
 from launcher.errors import LaunchError
+from launcher.files import keygen, write_atomic
 
 SSHD = "/usr/sbin/sshd"
 LOCAL = "local"
@@ -88,7 +89,7 @@ def _sshd_marker(directory: Path, node: str) -> str:
 
 def running_nodes(cluster: Cluster) -> list[str]:
     if cluster.rehearsal is not None:
-        from launcher.cluster import local_rehearsal
+        from launcher.local import rehearsal_cluster as local_rehearsal
 
         return local_rehearsal.running_nodes(cluster)
     d = cluster_dir(cluster.name)
@@ -107,12 +108,6 @@ def _stop_pids(pids: dict[str, int], directory: Path, timeout: float = 5.0) -> N
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):  # reap it when this process started it
             os.waitpid(pid, os.WNOHANG)
-
-
-def keygen(path: Path, comment: str) -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                   check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    return Path(f"{path}.pub").read_text()
 
 
 def _wait_for_banner(port: int, proc: subprocess.Popen, log: Path, timeout: float = 15.0) -> None:
@@ -189,12 +184,6 @@ def ssh_files(cluster: Cluster, host_keys: dict[str, str]) -> tuple[str, str]:
     return config, render.known_hosts([(n.address, n.port, host_keys[n.name]) for n in cluster.nodes])
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = LOCAL, *, loopback: bool = False,
        subnet: str | None = None, with_slurm: bool = False) -> Cluster:
     """Rehearsal nodes (launcher/cluster/local_rehearsal.py), or with ``loopback`` sshd processes on 127.0.0.1 that
@@ -215,7 +204,7 @@ def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = 
                           "machine and run none")
     d = cluster_dir(name)
     if not loopback:
-        from launcher.cluster import local_rehearsal
+        from launcher.local import rehearsal_cluster as local_rehearsal
 
         if d.exists():
             try:
@@ -315,7 +304,7 @@ def replace(cluster: Cluster, requested: list[str]) -> tuple[Cluster, list[Repla
     if not names:
         return cluster, []
     if cluster.rehearsal is not None:
-        from launcher.cluster import local_rehearsal
+        from launcher.local import rehearsal_cluster as local_rehearsal
 
         new, keys = local_rehearsal.replace(cluster, names)
         return new, [Replaced(n, 22, 22, new.processes[n], fingerprint(keys[n][0]) if keys[n] else "")
@@ -386,7 +375,7 @@ def kill(cluster: Cluster, node: str) -> None:
                           f"boots it again")
     pid = cluster.processes[node]
     if cluster.rehearsal is not None:
-        from launcher.cluster import rehearsal_nodes
+        from launcher.local import rehearsal_nodes
 
         rehearsal_nodes.stop(pid)
         return
@@ -410,7 +399,7 @@ def _recorded_pids(d: Path, cluster: Cluster | None) -> dict[str, int]:
 def down(cluster: Cluster) -> int:
     """Stop the cluster's nodes and remove its state. Returns how many were running."""
     if cluster.rehearsal is not None:
-        from launcher.cluster import local_rehearsal
+        from launcher.local import rehearsal_cluster as local_rehearsal
 
         return local_rehearsal.down(cluster)
     d = cluster_dir(cluster.name)
@@ -419,3 +408,16 @@ def down(cluster: Cluster) -> int:
     _stop_pids(pids, d)
     shutil.rmtree(d, ignore_errors=True)
     return running
+
+
+def replace_local(c: Cluster, lost: list[str]) -> Cluster:
+    """A lost local node, as its Auto Scaling group would: stopped if it still runs (hung), then booted afresh."""
+    running = set(running_nodes(c))
+    for name in lost:
+        if name in running:
+            kill(c, name)
+    new, replaced = replace(c, lost)
+    for r in replaced:
+        print(f"[launch] {r.node} replaced: {new.node(r.node).address}:{r.port}, host key {r.fingerprint} pinned",
+              flush=True)
+    return new

@@ -7,7 +7,7 @@ second it looks at each node's first process, and when one has ended it boots th
 host keys, the others told: launcher/cluster/local_rehearsal.replace), whose slurmd then registers again. The head
 node is not replaced, as ParallelCluster's head node is in no Auto Scaling group. `launch local down` stops it first.
 
-It logs one line per event to the cluster's keeper.log. Run as ``python -m launcher.cluster.keeper NAME``.
+It logs one line per event to the cluster's keeper.log. Run as ``python -m launcher.local.keeper NAME``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ TEARDOWN_GRACE_S = 20.0
 
 def is_keeper(pid: int) -> bool:
     try:
-        return b"launcher.cluster.keeper" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"launcher.local.keeper" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -56,7 +56,7 @@ def torn_down(c) -> bool:
     """A job submitted with --teardown has ended (its epilog on the head node wrote the marker): after a grace
     period, in which a launcher still attached reads the run's summary, take the cluster down, as the TTL guard
     deletes a stack whose expiry the epilog moved to now."""
-    from launcher.cluster import local_rehearsal
+    from launcher.local import rehearsal_cluster as local_rehearsal
     from launcher.plans import slurm
 
     assert c.rehearsal is not None
@@ -75,8 +75,8 @@ def torn_down(c) -> bool:
 
 def main(name: str) -> int:
     from launcher import cluster as clusters
-    from launcher.cluster import local_rehearsal
     from launcher.errors import LaunchError
+    from launcher.local import rehearsal_cluster as local_rehearsal
 
     stopping = False
 

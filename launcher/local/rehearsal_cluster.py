@@ -23,11 +23,13 @@ from pathlib import Path
 
 from ami import paths
 from launcher import render
-from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, keeper, load, save
-from launcher.cluster import rehearsal as rh
-from launcher.cluster import rehearsal_nodes as nodes_
-from launcher.cluster.local import cpus_per_node, keygen, node_names, write_atomic
+from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, load, save
 from launcher.errors import LaunchError
+from launcher.files import keygen, write_atomic
+from launcher.local import keeper
+from launcher.local import rehearsal_nodes as nodes_
+from launcher.local import rehearsal_root as rh
+from launcher.local.backend import cpus_per_node, node_names
 from launcher.plans import rehearsal as plan
 from launcher.plans import slurm
 
@@ -57,7 +59,7 @@ def _start_keeper(d: Path, name: str) -> None:
     import sys
 
     with open(d / keeper.LOG, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "launcher.cluster.keeper", name], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.local.keeper", name], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "SCALETRAIN_HOME": str(d.parent.parent.resolve())})
     _record(d, keeper=proc.pid)

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.cluster.rehearsal import Layers, run_tool
 from launcher.errors import LaunchError
+from launcher.local.rehearsal_root import Layers, run_tool
 from launcher.plans import rehearsal as plan
 
 # -- the network and the nodes ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ prefix in place of the EFA installer's). Nothing of the launcher's machine is vi
 directory, mounted where the stack mounts FSx for Lustre. So a node lacks whatever a real node would lack, and a
 launcher that relies on the launcher's own filesystem, PATH or tools fails here as it would on AWS.
 
-Everything here is pure: launcher/cluster/rehearsal.py executes it.
+Everything here is pure: launcher/local/rehearsal_root.py executes it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from launcher.errors import LaunchError
-from launcher.render import _env
+from launcher.render import environment
 
 __all__ = ["SSM_MAX_TARGETS", "authorize_key_script", "buffered_console_notice", "host_keys_from_console",
            "invocation_error", "invocation_outcome", "key_install_batches", "key_install_targets", "known_host_name",
@@ -80,7 +80,7 @@ def ssm_proxy_command(region: str, profile: str | None = None) -> str:
 def _render(cluster: str, how: str, nodes: list[tuple[str, str]], *, user: str, identity_file: str,
             known_hosts: str, proxy_command: str | None = None, ports: dict[str, int] | None = None) -> str:
     ports = {n: p for n, p in (ports or {}).items() if p != 22}  # the shared block's Port 22 covers the rest
-    return _env.get_template("ssh_config_aws.j2").render(
+    return environment.get_template("ssh_config_aws.j2").render(
         cluster=cluster, how=how, user=user, identity_file=identity_file, known_hosts=known_hosts,
         proxy_command=proxy_command,
         nodes=[{"name": n, "host": h, "port": ports.get(n)} for n, h in nodes], names=[n for n, _ in nodes])

@@ -156,7 +156,7 @@ def ssm_online(sess: boto3.Session, instance_ids: list[str]) -> set[str]:
 
 
 def _keypair(directory: Path, name: str, comment: str) -> str:
-    from launcher.cluster.local import keygen
+    from launcher.files import keygen
 
     path = directory / name
     return Path(f"{path}.pub").read_text() if path.is_file() else keygen(path, comment)
