@@ -10,7 +10,17 @@ import typer
 from rich.table import Table
 
 from launcher import cluster as clusters
-from launcher.cli.common import DEFAULT_STACK, ClusterOpt, ProfileOpt, RegionOpt, console, target
+from launcher.cli.common import (
+    DEFAULT_STACK,
+    ClusterOpt,
+    ProfileOpt,
+    RegionOpt,
+    aws_session,
+    console,
+    resolve,
+    target,
+    usage_error,
+)
 from launcher.errors import LaunchError
 from launcher.execute import remote
 
@@ -22,13 +32,12 @@ def status(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pr
            extend_ttl: float = typer.Option(None, "--extend-ttl", metavar="HOURS",
                                             help="AWS: move the stack's self-deletion this many hours later.")):
     """Nodes of a cluster and whether each answers over SSH; on AWS also uptime, cost so far and TTL left."""
-    c, stack = target(cluster)
-    if stack is not None:
-        _status_aws(c, stack, region, profile, extend_ttl)
+    c = resolve(cluster, region, profile)
+    if c.backend == "aws":
+        _status_aws(c, region, profile, extend_ttl)
         return
     if extend_ttl is not None:
-        raise LaunchError("--extend-ttl applies to AWS clusters; a local cluster has no TTL")
-    assert c is not None
+        raise usage_error("--extend-ttl applies to AWS clusters; a local cluster has no TTL")
     answers = {r.node: r for r in remote.run_all(c, c.machines, "uptime -p 2>/dev/null || uptime")}
     table = Table(title=f"cluster '{c.name}' ({c.backend})")
     for col in ("node", "role", "address", "slots", "state", "uptime"):
@@ -42,23 +51,13 @@ def status(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pr
         raise typer.Exit(1)
 
 
-def _aws_cluster(c: clusters.Cluster | None, stack: str, region: str | None, profile: str | None):
-    """(session, the cluster as last discovered: rediscovered when this launcher has not seen it yet)."""
-    from launcher.cluster.aws import api as aws
-
-    sess = aws.session(region or (c.aws.region if c and c.aws else None),
-                       profile or (c.aws.profile if c and c.aws else None))
-    return sess, c if c is not None else aws.discover_cluster(sess, stack, profile=profile)
-
-
-def _status_aws(c: clusters.Cluster | None, stack: str, region: str | None, profile: str | None,
-                extend_ttl: float | None) -> None:
+def _status_aws(c: clusters.Cluster, region: str | None, profile: str | None, extend_ttl: float | None) -> None:
     import datetime as dt
 
     from launcher.cluster.aws import api as aws
     from launcher.cluster.aws import lifecycle
 
-    sess, c = _aws_cluster(c, stack, region, profile)
+    sess = aws_session(c, region, profile)
     assert c.aws is not None
     if extend_ttl is not None:
         start = aws.extend_ttl(sess, c, extend_ttl)
@@ -109,8 +108,7 @@ def down(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Prof
     c, stack = target(cluster)
     if stack is None:
         raise LaunchError(f"cluster '{c.name if c else cluster}' is local; bring it down with `launch local down`")
-    sess = aws.session(region or (c.aws.region if c and c.aws else None),
-                       profile or (c.aws.profile if c and c.aws else None))
+    sess = aws_session(c, region, profile)
     aws.teardown(sess, stack, say=lambda line: console.print(line, markup=False, highlight=False))
     if c is not None:
         import shutil
@@ -247,9 +245,9 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
 @app.command("ssh", context_settings={"allow_interspersed_args": False})
 def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ..., head)."),
             command: list[str] = typer.Argument(None, help="Command to run instead of a login shell."),
-            cluster: str = ClusterOpt):
+            cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Open an SSH session on one node (through SSM Session Manager on AWS), host keys pinned."""
-    c = clusters.load(cluster)
+    c = resolve(cluster, region, profile)
     c.machine(node)
     argv = ssh_argv(c.ssh_config, node, command or [])
     os.execvp(argv[0], argv)

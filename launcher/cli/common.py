@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from launcher import cluster as clusters
+from launcher.errors import LaunchError
 
 # rich sizes tables to a terminal; when stdout is piped or logged it takes 80 columns (or the width of a terminal on
 # stdin) and squeezes a wide table into unreadable `i…` columns. A log has no width: it gets one no table of ours
@@ -33,11 +34,56 @@ def _width(stream) -> int | None:
 console = Console(soft_wrap=True, width=_width(sys.stdout))
 err = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr))
 
-ClusterOpt = typer.Option(None, "--cluster", help="Cluster name; defaults to the only cluster there is.")
+ClusterOpt = typer.Option(None, "--cluster", help="A cluster this machine knows (`launch local up`, `launch "
+                                                   "discover`), or an AWS stack's name, discovered then; default: "
+                                                   "the only cluster known here, else the stack $SCALETRAIN_STACK "
+                                                   "or 'scaletrain'.")
 
-RegionOpt = typer.Option(None, "--region", help="AWS region; default: the AWS environment's (AWS_REGION, profile).")
-ProfileOpt = typer.Option(None, "--profile", help="AWS profile; default: the AWS environment's.")
+RegionOpt = typer.Option(None, "--region", help="AWS region; default: the saved cluster's, else AWS_REGION, "
+                                                "AWS_DEFAULT_REGION or the profile's, as the AWS CLI chooses.")
+ProfileOpt = typer.Option(None, "--profile", help="AWS profile; default: the saved cluster's, else AWS_PROFILE's "
+                                                  "or the default profile.")
 DEFAULT_STACK = "scaletrain"  # infra's default cluster_name
+
+
+def aws_session(c: clusters.Cluster | None, region: str | None, profile: str | None, *, cluster: str | None = None):
+    """The AWS session for a command about cluster ``c``: --region/--profile, else the saved cluster's, else the AWS
+    environment's (launcher.cluster.aws.api.session, the one place a region is chosen). With no saved cluster (a
+    stack to discover, named ``cluster`` or not) a failure says what this machine knows too, as resolve does."""
+    from launcher.cluster.aws import api as aws
+
+    saved = c.aws if c is not None else None
+    try:
+        return aws.session(region or (saved.region if saved else None), profile or (saved.profile if saved else None))
+    except LaunchError as e:
+        if c is not None:
+            raise
+        raise _nowhere(cluster, e) from None
+
+
+def _nowhere(cluster: str | None, e: LaunchError) -> LaunchError:
+    """The one answer for a cluster neither this machine nor AWS has: what is known here, then what AWS said."""
+    here = (f"unknown cluster '{cluster}'; known clusters: {', '.join(clusters.known_names()) or 'none'}"
+            if cluster is not None else
+            "no cluster is up; start one with `launch local up --nodes 2` (or deploy one with `npx cdk deploy`)")
+    return LaunchError(f"{here}; on AWS: {e}")
+
+
+def resolve(cluster: str | None, region: str | None = None, profile: str | None = None) -> clusters.Cluster:
+    """The cluster a command means, one answer for every command: a cluster saved on this machine by that name (or
+    the only one), else the AWS stack of that name (default $SCALETRAIN_STACK or 'scaletrain'), discovered now. When
+    neither is found the one line says both: what this machine knows and why AWS had none."""
+    c, stack = target(cluster)
+    if c is not None:
+        return c
+    assert stack is not None
+    from launcher.cluster.aws import api as aws
+
+    sess = aws_session(None, region, profile, cluster=cluster)
+    try:
+        return aws.discover_cluster(sess, stack, profile=profile)
+    except LaunchError as e:
+        raise _nowhere(cluster, e) from None
 
 
 def target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:

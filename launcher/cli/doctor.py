@@ -5,22 +5,21 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from launcher import cluster as clusters
-from launcher.cli.common import ClusterOpt, console
+from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, resolve
 from launcher.errors import LaunchError
 
 app = typer.Typer()
 
 
 @app.command("doctor")
-def doctor_cmd(cluster: str = ClusterOpt,
+def doctor_cmd(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt,
                storage: str = typer.Option("auto", "--storage", help="Shared storage to expect on AWS nodes: "
                                                                      "auto (Lustre or BeeGFS), fsx, beegfs, none.")):
     """Prove every node is ready: GPUs, driver, EFA, NCCL, Horovod, storage, clocks, then a test across nodes."""
     from launcher.doctor import checks as doctor
     from launcher.doctor import runner as doctor_run
 
-    c = clusters.load(cluster)
+    c = resolve(cluster, region, profile)
     checks = doctor_run.diagnose(c, storage=storage)
     table = Table(title=f"launch doctor: cluster '{c.name}' ({c.backend})")
     for col in ("node", "check", "status", "detail"):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from launcher import cluster as clusters
-from launcher.cli.common import ClusterOpt, console, err
+from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, err, resolve
 from launcher.errors import LaunchError
 from launcher.execute import remote
 
@@ -14,9 +13,9 @@ app = typer.Typer()
 
 @app.command("exec", context_settings={"allow_interspersed_args": False})
 def exec_(command: list[str] = typer.Argument(..., help="The command (after --), run by each node's shell."),
-          cluster: str = ClusterOpt):
+          cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Run one command on every node in parallel; output is prefixed by node."""
-    c = clusters.load(cluster)
+    c = resolve(cluster, region, profile)
     results = remote.run_all(c, c.nodes, " ".join(command))
     for r in results:
         for line in r.stdout.splitlines():

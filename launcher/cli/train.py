@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from launcher import cluster as clusters
-from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, err, target
+from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, aws_session, console, err, target, usage_error
 from launcher.errors import LaunchError
 from launcher.execute import remote, run
 from launcher.local import backend as local
@@ -34,7 +34,9 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           image_size: int = typer.Option(224, "--image-size", help="Training crop size in px."),
           epochs: int = typer.Option(90, "--epochs"),
           batch_per_gpu: int = typer.Option(256, "--batch-per-gpu", help="Images per rank per step."),
-          warmup_epochs: float = typer.Option(None, "--warmup-epochs", help="Default: 10 (seed 000)."),
+          warmup_epochs: float = typer.Option(None, "--warmup-epochs", help="Linear warmup in epochs, less than "
+                                                                           "--epochs; default: 10 of every 90 "
+                                                                           "(seed 000), as `launch plan` shows."),
           workers: int = typer.Option(None, "--workers", help="Data loader processes per rank; default: sized "
                                                              "from the nodes' vCPUs per GPU (all but one of a "
                                                              "rank's share on GPU nodes, 2 on CPU ranks)."),
@@ -42,8 +44,9 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                                                                  "GPU, gloo on CPU) for an image without Horovod."),
           reducers: int = typer.Option(0, "--reducers", help="Reduce gradients on this many of the cluster's "
                                                              "reducer nodes (seed 004's tier; engine 'reducer')."),
-          output: str = typer.Option(None, "--output", help="Run directory; default runs/<time>."),
-          resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --output."),
+          out: str = typer.Option(None, "--out", help="Run directory; default runs/<time>."),
+          output: str = typer.Option(None, "--output", hidden=True, help="The old name of --out."),
+          resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
           teardown: bool = typer.Option(False, "--teardown", help="Bring the cluster down afterwards, "
                                                                   "also on failure or Ctrl-C."),
           region: str = RegionOpt, profile: str = ProfileOpt,
@@ -65,7 +68,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           checkpoint_to: str = typer.Option(None, "--checkpoint-to", metavar="s3://BUCKET/PREFIX",
                                             help="Also copy each epoch's checkpoint to S3 in the background (with a "
                                                  "completion marker); --resume restores the newest complete one "
-                                                 "from there when --output lost it. The bucket must be in the "
+                                                 "from there when --out lost it. The bucket must be in the "
                                                  "stack's region.")):
     """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
     from training.model import check_model
@@ -73,36 +76,45 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     try:
         check_model(model)
     except ValueError as e:
-        raise LaunchError(str(e)) from None
+        raise usage_error(str(e)) from None
     if engine not in job.ENGINES:
-        raise LaunchError(f"--engine must be one of: {', '.join(job.ENGINES)}; got '{engine}'")
+        raise usage_error(f"--engine must be one of: {', '.join(job.ENGINES)}; got '{engine}'")
     if reducers < 0:
-        raise LaunchError(f"--reducers must be >= 0, got {reducers}")
+        raise usage_error(f"--reducers must be >= 0, got {reducers}")
     if reducers and engine not in ("horovod", "reducer"):
-        raise LaunchError(f"--reducers uses the reducer engine; leave out --engine {engine}")
+        raise usage_error(f"--reducers uses the reducer engine; leave out --engine {engine}")
     if engine == "reducer" and not reducers:
-        raise LaunchError("--engine reducer needs --reducers K (reducer nodes of the cluster)")
+        raise usage_error("--engine reducer needs --reducers K (reducer nodes of the cluster)")
     engine = "reducer" if reducers else engine
     for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu), ("--image-size", image_size)):
         if value < 1:
-            raise LaunchError(f"{name} must be >= 1, got {value}")
+            raise usage_error(f"{name} must be >= 1, got {value}")
+    if out is not None and output is not None and out != output:
+        raise usage_error(f"--out {out} and --output {output} name two run directories; pass --out only")
+    output = out if out is not None else output  # --output: the old name, kept working
+    if output is not None and not output.strip():
+        raise usage_error(f"--out needs a directory name, got {output!r}")
+    from training.schedule import default_warmup_epochs, warmup_problem
+
+    if problem := warmup_problem(default_warmup_epochs(epochs) if warmup_epochs is None else warmup_epochs, epochs):
+        raise usage_error(problem)
     if resume and output is None:
-        raise LaunchError("--resume needs --output: the run directory holding the checkpoints")
+        raise usage_error("--resume needs --out: the run directory holding the checkpoints")
     if not probe_interval > 0:
-        raise LaunchError(f"--probe-interval must be a number of seconds > 0, got {probe_interval:g}")
+        raise usage_error(f"--probe-interval must be a number of seconds > 0, got {probe_interval:g}")
     if max_restarts < 0:
-        raise LaunchError(f"--max-restarts must be >= 0, got {max_restarts}")
+        raise usage_error(f"--max-restarts must be >= 0, got {max_restarts}")
     if checkpoint_to:
         from training import durable
 
         try:
             durable.parse_target(checkpoint_to)
         except durable.DurableError as e:
-            raise LaunchError(str(e)) from None
+            raise usage_error(str(e)) from None
     if probe_misses < 1:
-        raise LaunchError(f"--probe-misses must be >= 1, got {probe_misses}")
+        raise usage_error(f"--probe-misses must be >= 1, got {probe_misses}")
     if not stall_timeout >= 0:
-        raise LaunchError(f"--stall-timeout must be a number of seconds >= 0 (0: no silence check), "
+        raise usage_error(f"--stall-timeout must be a number of seconds >= 0 (0: no silence check), "
                           f"got {stall_timeout:g}")
     from launcher.plans import watchdog
 
@@ -183,6 +195,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     if stack is None:
         assert c is not None
         try:
+
             if c.shares_launcher_fs:  # loopback nodes see this machine's paths
                 body(c, run.local_output(output, stamp), str(Path(data).expanduser().resolve()) if data else "",
                      local.replace_local)
@@ -194,11 +207,9 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                 _teardown(c)
         return
 
-    from launcher.cluster.aws import api as aws
     from launcher.execute import awsrun
 
-    sess = aws.session(region or (c.aws.region if c and c.aws else None), profile or (c.aws.profile if c and c.aws
-                                                                                       else None))
+    sess = aws_session(c, region, profile, cluster=cluster)
 
     def ready() -> clusters.Cluster:
         found = awsrun.connect_ready(sess, stack, profile=profile, timeout_s=ready_timeout)

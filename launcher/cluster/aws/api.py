@@ -14,7 +14,7 @@ import datetime as dt
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import boto3
@@ -39,7 +39,7 @@ def aws_errors(what: str) -> Iterator[None]:
         raise LaunchError(f"{what}: no AWS credentials found; set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
                           f"AWS_SECRET_ACCESS_KEY (or run `aws configure`)") from None
     except NoRegionError:
-        raise LaunchError(f"{what}: no AWS region; pass --region or set AWS_REGION") from None
+        raise LaunchError(f"{what}: {NO_REGION}") from None
     except ProfileNotFound as e:
         raise LaunchError(f"{what}: {e}") from None
     except ClientError as e:
@@ -49,11 +49,26 @@ def aws_errors(what: str) -> Iterator[None]:
         raise LaunchError(f"{what}: {str(e).splitlines()[0]}") from None
 
 
+NO_REGION = ("no AWS region; pass --region, set AWS_REGION or AWS_DEFAULT_REGION, or give the profile a region "
+             "(aws configure set region REGION)")
+
+
+def region_from(environ: Mapping[str, str]) -> str | None:
+    """The region the environment names before boto3 looks: AWS_REGION, which boto3 does not read but the AWS CLI
+    does, first. "AWS_REGION ... If defined, this environment variable overrides the values in the environment
+    variable AWS_DEFAULT_REGION and the profile setting region" (Environment variables to configure the AWS CLI,
+    https://docs.aws.amazon.com/cli/latest/userguide/cli-configure-envvars.html). boto3 then reads AWS_DEFAULT_REGION
+    and the profile's region itself, in that order."""
+    return environ.get("AWS_REGION", "").strip() or None
+
+
 def session(region: str | None = None, profile: str | None = None) -> boto3.Session:
+    """The one place every command gets its AWS session: ``region`` (--region, or the saved cluster's), else
+    AWS_REGION, AWS_DEFAULT_REGION, then the profile's region, as the AWS CLI chooses."""
     with aws_errors("AWS session"):
-        sess = boto3.Session(region_name=region, profile_name=profile)
+        sess = boto3.Session(region_name=region or region_from(os.environ), profile_name=profile)
     if not sess.region_name:
-        raise LaunchError("no AWS region; pass --region or set AWS_REGION")
+        raise LaunchError(NO_REGION)
     return sess
 
 

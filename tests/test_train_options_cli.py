@@ -1,0 +1,48 @@
+"""`launch train`'s options are checked before any cluster is looked for: a bad one is a usage error (one line, exit
+2, as click's own), the warmup agrees with `launch plan` and the trainer, and the run directory is --out as for
+`launch data` and `launch cost` (--output, its old name, still works but is no longer shown)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import cli
+
+
+def train(tmp_path, monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
+    for key in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    code = cli.main(["train", *args])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--warmup-epochs", "200"], "error: --warmup-epochs 200 reaches the end of the 90-epoch run"),
+    (["--epochs", "15", "--warmup-epochs", "15"], "error: --warmup-epochs 15 reaches the end of the 15-epoch run"),
+    (["--warmup-epochs", "-0.5"], "error: --warmup-epochs must be >= 0, got -0.5"),
+    (["--out", ""], "error: --out needs a directory name, got ''"),
+    (["--out", "a", "--output", "b"], "error: --out a and --output b name two run directories; pass --out only"),
+    (["--resume"], "error: --resume needs --out: the run directory holding the checkpoints"),
+    (["--epochs", "0"], "error: --epochs must be >= 1, got 0"),
+    (["--engine", "mpi"], "error: --engine must be one of:"),
+    (["--model", "vgg"], "error: unknown model"),
+])
+def test_bad_options_are_usage_errors_before_any_cluster_is_sought(args, said, tmp_path, monkeypatch, capsys):
+    code, err = train(tmp_path, monkeypatch, capsys, *args)
+    assert code == 2 and err.startswith(said) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("args", [["--epochs", "15", "--warmup-epochs", "14.5"], ["--out", "r", "--resume"],
+                                  ["--output", "r", "--resume"], ["--out", "r", "--output", "r", "--resume"]])
+def test_good_options_pass_to_finding_the_cluster(args, tmp_path, monkeypatch, capsys):
+    """Past the checks the next answer is the cluster's (none here): the options themselves were accepted."""
+    code, err = train(tmp_path, monkeypatch, capsys, *args)
+    assert code == 1 and err.startswith("error: no cluster is up"), err
+
+
+def test_help_shows_out_and_not_the_old_name(capsys):
+    assert cli.main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--out " in out and "--output" not in out
