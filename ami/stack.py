@@ -166,6 +166,9 @@ class ImageStack(Stack):
             distribution_configuration_arn=distribution.attr_arn, execution_role=execution.role_arn, tags=image_tags,
             image_tests_configuration=imagebuilder.CfnImage.ImageTestsConfigurationProperty(
                 image_tests_enabled=True, timeout_minutes=120))
+        # The build starts once the role's own policy (ssm:PutParameter, ec2:DescribeImages) exists, not just the role:
+        # the image depends on every resource of the role construct, its default policy included.
+        image.node.add_dependency(execution)
 
         CfnOutput(self, "ImageId", value=image.attr_image_id,
                   description=f"the AMI, also published to SSM {spec.image_parameter}, where clusters find it")

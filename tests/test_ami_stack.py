@@ -159,6 +159,10 @@ def test_the_image_and_the_pipeline_publish_with_an_execution_role_allowed_to_wr
     assert trust["Principal"] == {"Service": "imagebuilder.amazonaws.com"}
     assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
     assert json.dumps(role["ManagedPolicyArns"]).endswith(':iam::aws:policy/EC2ImageBuilderExecutionPolicy"]]}]')
+    policy_id = next(k for k, r in template["Resources"].items() if r["Type"] == IAM_POLICY
+                     and {"Ref": role_id} in r["Properties"]["Roles"])
+    # The build (an hour) starts only once the role may write the parameter.
+    assert policy_id in _resource(template, "AWS::ImageBuilder::Image")["DependsOn"]
     statements = {s["Action"]: s["Resource"] for s in _statements(template, role_id)}
     assert statements == {"ssm:PutParameter": _parameter_arn(parameter, region), "ec2:DescribeImages": "*"}
     # Nothing else in the stack may put parameters.
