@@ -194,6 +194,16 @@ def test_a_failure_the_trainer_names_is_not_requeued(home):
     assert failed and failed[0]["state"] == "failed" and failed[0]["restarts"] == 0, failed
 
 
+def test_a_ddp_run_is_a_slurm_job_too(home):
+    """--engine ddp: the rendezvous is the allocation's first node, exported by the job's step."""
+    run = node_run("ddp")
+    proc = launch(home, "train", "--data", SHARDS, "--epochs", "1", *TINY, "--engine", "ddp", "--output", run)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    assert "job " in proc.stdout and "run finished: resnet18 on 2 node(s) / 2 rank(s)" in proc.stdout, proc.stdout
+    batch = on_host(home, f"{run}/job.sbatch").read_text()
+    assert "--rendezvous-port 29500" in batch and "-x MASTER_ADDR " in batch
+
+
 # A script written for torchrun that knows nothing of scaletrain: the torchrun variables and a gloo all-reduce.
 TORCHRUN_SCRIPT = """\
 import os, socket, sys

@@ -257,3 +257,26 @@ def test_drain_reason_is_one_short_line():
     ({}, False)])
 def test_only_a_node_that_drained_itself_is_restored(fields, restored):
     assert slurm.health_restored(fields) == restored
+
+
+def test_a_ddp_jobs_rendezvous_is_the_job_steps_not_the_submitters():
+    """On a requeue the allocation's first node may be a replacement with a new address: the rendezvous comes from
+    the job's step (the allocation as Slurm has it then), forwarded by name, never the address at submit time."""
+    from test_plan import SPEC, local_cluster
+
+    c = local_cluster(2)
+    argv = slurm.job_mpirun(c, c.select_workers(2), SPEC.model_copy(update={"engine": "ddp"}), fabric_env={},
+                            mca=[])
+    exported = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+    assert "MASTER_ADDR" in exported and "MASTER_PORT" in exported
+    assert not [x for x in exported if x.startswith(("MASTER_ADDR=", "MASTER_PORT="))]
+    horovod = slurm.job_mpirun(c, c.select_workers(2), SPEC, fabric_env={}, mca=[])
+    assert not [a for a in horovod if a.startswith("MASTER_")]
+    script = slurm.batch_script(slurm.BatchJob(**{**JOB.__dict__, "rendezvous_port": 29500}))
+    assert " --rendezvous-port 29500 -- " in script and "--no-resume" not in script
+    assert " --no-resume -- " in slurm.batch_script(slurm.BatchJob(**{**JOB.__dict__, "resume_flag": False}))
+
+
+def test_forward_by_name_touches_only_the_named_exports():
+    assert slurm.forward_by_name(["mpirun", "-x", "A=1", "-x", "B=2", "prog", "A=3"], ("A", "C")) == \
+        ["mpirun", "-x", "A", "-x", "B=2", "prog", "A=3"]

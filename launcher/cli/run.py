@@ -133,7 +133,8 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
     script = slurm.batch_script(slurm.BatchJob(
         name=f"run-{Path(command[0]).name}"[:40], nodes=len(chosen), slots=per_node, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
-        shared_memory_gib=_shared_memory_gib(c), rendezvous_port=userjob.MASTER_PORT, submitted_by="launch run"))
+        shared_memory_gib=_shared_memory_gib(c), rendezvous_port=userjob.MASTER_PORT, resume_flag=False,
+        submitted_by="launch run"))
     job_id, ended, seen = jobcli.submit_and_follow(
         c, script, output, f"{len(chosen)} node(s) x {per_node} process(es), run directory {output}")
     if teardown:

@@ -261,9 +261,9 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
 
     from launcher.plans import slurm
 
-    if spec.engine != "horovod" or spec.reducers:
-        raise LaunchError("a cluster with Slurm runs Horovod jobs so far; --engine ddp and --reducers run on a "
-                          "cluster without a head node (`launch local up` without --slurm)")
+    if spec.reducers:
+        raise LaunchError("a cluster with Slurm runs Horovod and DDP jobs so far; --reducers runs on a cluster "
+                          "without a head node (`launch local up --nodes N --reducers K` without --slurm)")
     chosen = c.select_workers(nodes)
     first = chosen[0]
     spec = spec.model_copy(update={"output": output})
@@ -286,7 +286,7 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
     script = slurm.batch_script(slurm.BatchJob(
         name=f"scaletrain-{spec.model}", nodes=len(chosen), slots=first.slots, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
-        shared_memory_gib=_shared_memory_gib(c)))
+        shared_memory_gib=_shared_memory_gib(c), rendezvous_port=job.DDP_PORT if spec.engine == "ddp" else None))
     from launcher.cli.jobs import submit_and_follow
 
     job_id, ended, seen = submit_and_follow(c, script, output, f"{len(chosen)} node(s), run directory {output}")

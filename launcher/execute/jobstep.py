@@ -165,8 +165,10 @@ def main(args: list[str] | None = None) -> int:
     p.add_argument("--output", required=True)
     p.add_argument("--shared-memory-gib", type=float, default=None)
     p.add_argument("--rendezvous-port", type=int, default=None,
-                   help="export MASTER_ADDR (the allocation's first node) and MASTER_PORT for mpirun to forward, and "
-                        "add no --resume: a user's command (launch run) reads SCALETRAIN_RESTART_COUNT instead")
+                   help="export MASTER_ADDR (the allocation's first node) and MASTER_PORT for mpirun to forward")
+    p.add_argument("--no-resume", action="store_true",
+                   help="add no --resume to a restarted job: a user's command (launch run) reads "
+                        "SCALETRAIN_RESTART_COUNT instead")
     p.add_argument("mpirun", nargs=argparse.REMAINDER)
     a = p.parse_args(args)
     mpirun = a.mpirun[1:] if a.mpirun[:1] == ["--"] else a.mpirun
@@ -185,7 +187,7 @@ def main(args: list[str] | None = None) -> int:
         # it; mpirun forwards both by name (-x MASTER_ADDR).
         os.environ["MASTER_ADDR"] = node_addresses(hosts[:1]).get(hosts[0], hosts[0])
         os.environ["MASTER_PORT"] = str(a.rendezvous_port)
-    elif restart and "--resume" not in mpirun:
+    if restart and not a.no_resume and "--resume" not in mpirun:
         mpirun = [*mpirun, "--resume"]
     code, lines, stopped = run_step(mpirun, a.stall_timeout)
     if code == 0 and not stopped:
@@ -207,7 +209,7 @@ def main(args: list[str] | None = None) -> int:
                               max_restarts=a.max_restarts, previous_lost=history[-1]["lost"] if history else None,
                               progressed=at is not None)
     if not verdict.retry:
-        print(f"error: {'the command' if a.rendezvous_port is not None else 'training'} failed: {verdict.why}",
+        print(f"error: {'the command' if a.no_resume else 'training'} failed: {verdict.why}",
               flush=True)
         return code or 1
     newest = newest_checkpoint_epoch(Path(a.output))

@@ -255,7 +255,8 @@ class BatchJob:
     stall_timeout_s: float = 1800.0
     teardown: bool = False                   # the cluster removes itself when the job has ended (epilog_script)
     shared_memory_gib: float | None = None   # the local cluster: the memory all its nodes share (faults.diagnose)
-    rendezvous_port: int | None = None       # a user's command (launch run): the step exports MASTER_ADDR/PORT
+    rendezvous_port: int | None = None       # DDP, a user's command: the step exports MASTER_ADDR/PORT
+    resume_flag: bool = True                 # a restarted job's command gets --resume (the trainer's option)
     submitted_by: str = "launch train"
 
 
@@ -267,8 +268,18 @@ def job_mpirun(cluster, workers: list, spec, *, fabric_env: dict[str, str], mca:
     tests/integration-tests/tests/efa/test_efa/test_efa/nccl_benchmarks/nccl_tests_submit_openmpi.sh)."""
     from launcher.plans import job
 
-    return job.launch_argv(cluster, workers, [], spec, f"{spec.output}/{HOSTFILE}", fabric_env=fabric_env,
+    argv = job.launch_argv(cluster, workers, [], spec, f"{spec.output}/{HOSTFILE}", fabric_env=fabric_env,
                            mca=[*mca, ("plm", "slurm")])
+    if spec.engine == "ddp":  # the job's step exports the rendezvous from the allocation (BatchJob.rendezvous_port)
+        argv = forward_by_name(argv, ("MASTER_ADDR", "MASTER_PORT"))
+    return argv
+
+
+def forward_by_name(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """``-x NAME=value`` of ``names`` becomes ``-x NAME``: mpirun forwards its own value, the job step's, which names
+    the allocation's first node as it is now (a replacement has a new address)."""
+    return [a.split("=", 1)[0] if i and argv[i - 1] == "-x" and a.split("=", 1)[0] in names else a
+            for i, a in enumerate(argv)]
 
 
 def batch_script(b: BatchJob) -> str:
@@ -283,7 +294,8 @@ def batch_script(b: BatchJob) -> str:
             "--stall-timeout", f"{b.stall_timeout_s:g}", "--slots", str(b.slots),
             "--hostfile", f"{b.output}/{HOSTFILE}", "--output", b.output,
             *(["--shared-memory-gib", f"{b.shared_memory_gib:.1f}"] if b.shared_memory_gib else []),
-            *(["--rendezvous-port", str(b.rendezvous_port)] if b.rendezvous_port is not None else []), "--",
+            *(["--rendezvous-port", str(b.rendezvous_port)] if b.rendezvous_port is not None else []),
+            *([] if b.resume_flag else ["--no-resume"]), "--",
             *b.mpirun]
     return "\n".join([
         "#!/bin/bash",

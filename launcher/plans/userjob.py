@@ -124,7 +124,7 @@ def run_mpirun(cluster: Cluster, workers: list[Node], *, procs: int, workdir: st
     spec = job.TrainSpec(data="", output=output, engine="ddp", workers=0, threads=1)
     argv = slurm.job_mpirun(cluster, sized, spec, fabric_env=fabric_env, mca=mca)
     trainer = job.trainer_argv(cluster.python, spec)
-    head = _forward_by_name(argv[:len(argv) - len(trainer)], ("MASTER_ADDR", "MASTER_PORT"))
+    head = argv[:len(argv) - len(trainer)]
     env = {"SCALETRAIN_ENGINE": engine, "SCALETRAIN_OUTPUT": output, "SCALETRAIN_WORKDIR": workdir}
     if checkpoint_to:
         env["SCALETRAIN_CHECKPOINT_TO"] = checkpoint_to
@@ -134,22 +134,3 @@ def run_mpirun(cluster: Cluster, workers: list[Node], *, procs: int, workdir: st
     return head + [cluster.python, "-m", "launcher.execute.userrank", "--workdir", workdir,
                    "--python-bin", str(PurePosixPath(cluster.python).parent), "--", *command]
 
-
-def _forward_by_name(argv: list[str], names: tuple[str, ...]) -> list[str]:
-    """``-x NAME=value`` of ``names`` becomes ``-x NAME`` (mpirun forwards its own value: the job step's), and is
-    added when missing."""
-    out, seen = [], set()
-    i = 0
-    while i < len(argv):
-        if argv[i] == "-x" and argv[i + 1].split("=", 1)[0] in names:
-            name = argv[i + 1].split("=", 1)[0]
-            out += ["-x", name]
-            seen.add(name)
-            i += 2
-            continue
-        out.append(argv[i])
-        i += 1
-    for name in names:
-        if name not in seen:
-            out += ["-x", name]
-    return out

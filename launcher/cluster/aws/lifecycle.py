@@ -58,7 +58,7 @@ def ttl_left(expires_at: str | None, now: dt.datetime) -> float | None:
 def check_extension(hours: float, *, max_hours: float = 720) -> None:
     """A LaunchError unless ``--extend-ttl HOURS`` is within (0, max_hours]; checked before anything is asked of AWS."""
     if not 0 < hours <= max_hours:
-        raise LaunchError(f"--hours must be within 0..{max_hours:g}, got {hours:g}")
+        raise LaunchError(f"--extend-ttl must be more than 0 and at most {max_hours:g} hours, got {hours:g}")
 
 
 def extended_start(current_start: dt.datetime, hours: float, now: dt.datetime, *,
@@ -112,12 +112,12 @@ def run_path(c: Cluster, *, engine: str, reducers: int) -> RunPath:
             f"note: stack '{c.name}' has no shared storage, so this run is not a Slurm job the cluster owns: mpirun "
             f"runs from here and the run ends with this launcher; deploy with `-c storage=fsx` or `-c storage=beegfs` "
             f"for runs that outlive it"))
-    # launcher/plans/slurm.py's job step runs Horovod jobs so far (docs/design.md, "Not yet on this path").
-    if engine != "horovod" or reducers:
+    # launcher/plans/slurm.py's job step runs Horovod and DDP jobs so far (docs/design.md, "Not yet on this path").
+    if reducers or engine not in ("horovod", "ddp"):
         what = "--reducers" if reducers else f"--engine {engine}"
         return RunPath(slurm=False, note=(
             f"note: {what} runs mpirun from here, not as a Slurm job the cluster owns (the cluster's jobs run Horovod "
-            f"without reducers so far); the run ends with this launcher"))
+            f"and DDP without reducers so far); the run ends with this launcher"))
     return RunPath(slurm=True)
 
 
