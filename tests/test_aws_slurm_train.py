@@ -76,6 +76,7 @@ def head(env, monkeypatch):
     monkeypatch.setattr(awsrun, "ssh_probe", lambda c, nodes: {
         n.name: (True, f"cloud_init=done\ngpus={n.gpus}\nefa={n.efa_devices}\n", "") for n in nodes})
     monkeypatch.setattr(remote, "check", shell.check)
+    monkeypatch.setattr(remote, "check_output", lambda *a, **kw: (*shell.check(*a, **kw), ""))  # + stderr
     monkeypatch.setattr(remote, "put_text", lambda *a, **kw: None)
     monkeypatch.setattr(run, "prepare_sample_data", lambda c, node, output, ranks: f"{output}/shards")
     monkeypatch.setattr(run, "train", shell.train)
