@@ -134,6 +134,25 @@ def test_one_rank_alone_ends_elsewhere(runs, tmp_path):
     assert max(float((alone[k] - ddp[k]).abs().max()) for k in ddp) > 1e-4
 
 
+def test_ranks_with_different_texts_stop_together_in_one_line(tmp_path):
+    """Rank 1's Python ships another reference manual (a pydoc_data ahead of the standard library on its path):
+    both ranks stop at once with one line, instead of training on different words."""
+    other = tmp_path / "other" / "pydoc_data"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    (other / "topics.py").write_text("topics = {'x': " + repr("another manual of another python " * 2000) + "}\n")
+    env, procs = base_env(), []
+    for r in range(2):
+        path = f"{other.parent}:{ROOT}" if r == 1 else str(ROOT)
+        procs.append(subprocess.Popen([sys.executable, SCRIPT, "--steps", "2", "--threads", "1"], env=env | {
+            "RANK": str(r), "WORLD_SIZE": "2", "PYTHONPATH": path}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, cwd=ROOT))
+    results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+    for rc, err in results:
+        assert rc == 1 and "Traceback" not in err, err
+        assert err.strip().splitlines()[-1].startswith("error: the ranks' Pythons ship different reference manuals")
+
+
 # ---------------------------------------------------------------------------------------------- BERT-sized gradients
 
 def bench(*args: str) -> dict:
