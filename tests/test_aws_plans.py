@@ -380,7 +380,7 @@ def test_status_arithmetic_and_ttl_extension():
     assert lifecycle.extended_start(start, 4, now) == dt.datetime(2026, 11, 17, 16, 0, tzinfo=dt.timezone.utc)
     # an already-due schedule is extended from now, not from the past
     assert lifecycle.extended_start(start - dt.timedelta(hours=5), 1, now) == now + dt.timedelta(hours=1)
-    with pytest.raises(LaunchError, match="--hours must be within"):
+    with pytest.raises(LaunchError, match="--extend-ttl must be more than 0 and at most 720 hours"):
         lifecycle.extended_start(start, 0, now)
     assert lifecycle.leftovers_verdict("c1", "us-east-1", []) is None
     assert "i-0abc (running)" in lifecycle.leftovers_verdict("c1", "us-east-1", [("i-0abc", "running")])

@@ -101,3 +101,42 @@ def test_cluster_help_says_the_aws_fallback(capsys):
         out = " ".join(capsys.readouterr().out.split())
         assert "defaults to the only cluster there is" not in out
         assert "$SCALETRAIN_STACK" in out, command
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    # The one node limit of plan and cost (infra.catalog.MAX_NODES), refused before AWS is asked.
+    (["preflight", "-c", "nodes=4097"], "error: nodes='4097': allowed: 1 to 4096 worker nodes"),
+    (["preflight", "-c", "nodes=100000"], "error: nodes='100000': allowed: 1 to 4096 worker nodes"),
+    # pydantic's sentences ("input should be a valid integer, unable to parse string as an integer") reworded.
+    (["preflight", "-c", "nodes=abc"], "error: nodes='abc': must be a whole number"),
+    (["preflight", "-c", "spot=maybe"], "error: spot='maybe': must be true or false"),
+    (["status", "--extend-ttl", "-3"], "error: --extend-ttl must be more than 0 and at most 720 hours, got -3"),
+    (["status", "--extend-ttl", "721"], "error: --extend-ttl must be more than 0 and at most 720 hours, got 721"),
+    (["discover", "--ready-timeout", "-1"], "error: --ready-timeout must be a number of seconds >= 0, got -1"),
+    (["doctor", "--storage", "nfs"], "error: --storage must be one of: auto, fsx, beegfs, none; got 'nfs'"),
+    (["local", "up", "--nodes", "0"], "error: --nodes must be >= 1, got 0"),
+    (["local", "up", "--nodes", "60", "--reducers", "5"], "error: --nodes + --reducers must be at most 64"),
+])
+def test_bad_options_are_usage_errors_in_every_command(argv, said, tmp_path, monkeypatch, capsys):
+    """Exit 2 and one line, before any cluster or AWS call, as click's own usage errors (they exited 1 or 2)."""
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1 and "nput should" not in err, err
+
+
+def test_the_last_node_count_reaches_aws(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    assert cli.main(["preflight", "-c", "nodes=4096"]) == 1  # accepted; what stops it is AWS (no credentials)
+    assert "no AWS credentials" in capsys.readouterr().err
+
+
+def test_local_replace_help_says_which_nodes_get_a_new_port(capsys):
+    assert cli.main(["local", "replace", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "(new port, new host key)" not in out and "a --loopback node gets a new port" in out

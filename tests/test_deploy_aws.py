@@ -208,9 +208,10 @@ def test_launch_up_stops_on_a_failing_preflight_before_deploying(sess, monkeypat
 
 
 def test_launch_up_bad_flags_are_one_line(sess, capsys):  # noqa: F811
-    assert cli.main(["up", "--capacity-block"]) == 1
-    assert capsys.readouterr().err.strip() == "error: --capacity-block describes --fallback-reservation; pass both"
-    assert cli.main(["up", "-c", "idle_minutes=5"]) == 1
+    assert cli.main(["up", "--capacity-block"]) == 2  # usage errors exit 2, as click's own (issue 26)
+    assert capsys.readouterr().err.strip() == ("error: --capacity-block describes --fallback-reservation; pass both "
+                                               "(see `launch up --help`)")
+    assert cli.main(["up", "-c", "idle_minutes=5"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: idle_minutes='5': allowed: 15 to 1440 minutes")
 
 

@@ -18,6 +18,7 @@ from launcher.cli.common import (
     aws_session,
     console,
     resolve,
+    reword,
     target,
     usage_error,
 )
@@ -32,6 +33,13 @@ def status(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pr
            extend_ttl: float = typer.Option(None, "--extend-ttl", metavar="HOURS",
                                             help="AWS: move the stack's self-deletion this many hours later.")):
     """Nodes of a cluster and whether each answers over SSH; on AWS also uptime, cost so far and TTL left."""
+    if extend_ttl is not None:
+        from launcher.cluster.aws import lifecycle
+
+        try:
+            lifecycle.check_extension(extend_ttl)  # before anything is asked of AWS
+        except LaunchError as e:
+            raise usage_error(str(e)) from None
     c = resolve(cluster, region, profile)
     if c.backend == "aws":
         _status_aws(c, region, profile, extend_ttl)
@@ -145,8 +153,10 @@ def _spec_and_pairs(context: list[str] | None, region: str | None):
         elif region is not None:
             ctx["region"], pairs = region, [*pairs, f"region={region}"]
         return preflight.spec_from_context(ctx), pairs, defaults
-    except (ValueError, OSError) as e:
-        raise LaunchError(str(e).splitlines()[0]) from None
+    except OSError as e:
+        raise LaunchError(f"could not read {cdk_json}: {e.strerror or e}") from None
+    except ValueError as e:  # a -c pair or --region the stack would refuse: a usage error, in the project's words
+        raise usage_error(reword(str(e).splitlines()[0])) from None
 
 
 @app.command("preflight")
@@ -184,7 +194,9 @@ def up_cmd(context: list[str] = ContextOpt, region: str = StackRegionOpt, profil
     from launcher.plans import capacity, preflight
 
     if capacity_block and not fallback_reservation:
-        raise LaunchError("--capacity-block describes --fallback-reservation; pass both")
+        raise usage_error("--capacity-block describes --fallback-reservation; pass both")
+    if not capacity_wait >= 0:
+        raise usage_error(f"--capacity-wait must be a number of seconds >= 0, got {capacity_wait:g}")
     spec, pairs, defaults = _spec_and_pairs(context, region)
     sess = aws.session(spec.region, profile)
     facts = preflight_shell.gather(sess, spec)
@@ -228,6 +240,8 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
     from launcher.cluster.aws import api as aws
     from launcher.execute import awsrun
 
+    if not ready_timeout >= 0:
+        raise usage_error(f"--ready-timeout must be a number of seconds >= 0, got {ready_timeout:g}")
     stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
     sess = aws.session(region, profile)
     if no_wait:

@@ -152,8 +152,25 @@ def plain(error: Mapping[str, Any]) -> str:
         return "is required"
     if kind == "extra_forbidden":
         return "is not an option here"
-    msg = str(error.get("msg", "is not valid")).removeprefix("Value error, ")
-    return re.sub(r"^Input should be", "must be", msg)
+    return reword(str(error.get("msg", "is not valid")).removeprefix("Value error, "))
+
+
+# pydantic's sentences as they reach a message already made into text (infra.spec's one line for `-c KEY=VALUE`).
+_PYDANTIC = ((r"[Ii]nput should be greater than or equal to ", "must be >= "),
+             (r"[Ii]nput should be greater than ", "must be > "),
+             (r"[Ii]nput should be less than or equal to ", "must be <= "),
+             (r"[Ii]nput should be less than ", "must be < "),
+             (r"[Ii]nput should be a valid integer(, [^;]*)?", "must be a whole number"),
+             (r"[Ii]nput should be a valid number(, [^;]*)?", "must be a number"),
+             (r"[Ii]nput should be a valid boolean(, [^;]*)?", "must be true or false"),
+             (r"[Ii]nput should be ", "must be "))
+
+
+def reword(text: str) -> str:
+    """``text`` with pydantic's phrasing ("input should be greater than or equal to 1") in the project's words."""
+    for pattern, words in _PYDANTIC:
+        text = re.sub(pattern, words, text)
+    return text
 
 
 def validation_error(e: Any, options: Mapping[str, str] | None = None) -> click.UsageError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, resolve
+from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, resolve, usage_error
 from launcher.errors import LaunchError
 
 app = typer.Typer()
@@ -19,6 +19,8 @@ def doctor_cmd(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str 
     from launcher.doctor import checks as doctor
     from launcher.doctor import runner as doctor_run
 
+    if storage not in doctor.STORAGE_CHOICES:  # before any cluster is sought
+        raise usage_error(f"--storage must be one of: {', '.join(doctor.STORAGE_CHOICES)}; got '{storage}'")
     c = resolve(cluster, region, profile)
     checks = doctor_run.diagnose(c, storage=storage)
     table = Table(title=f"launch doctor: cluster '{c.name}' ({c.backend})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from launcher import cluster as clusters
-from launcher.cli.common import console
+from launcher.cli.common import console, usage_error
 from launcher.errors import LaunchError
 from launcher.local import backend as local
 
@@ -31,7 +31,12 @@ def local_up(nodes: int = typer.Option(2, "--nodes", help="Worker nodes."),
     """Bring up a local cluster. By default each node is a rehearsal node: its own network namespace, address and
     hostname, sshd on port 22, and a copy-on-write root built by the image recipe (ami/components, built once and
     cached); only the shared directory, at /fsx, is common to the nodes. Needs root."""
-    c = local.up(nodes, reducers, base_port, name, loopback=loopback, subnet=subnet, with_slurm=slurm)
+    try:
+        c = local.up(nodes, reducers, base_port, name, loopback=loopback, subnet=subnet, with_slurm=slurm)
+    except LaunchError as e:
+        if str(e).startswith("--"):  # the backend's checks of the options, made before anything starts
+            raise usage_error(str(e)) from None
+        raise
     kind = "loopback sshd" if c.rehearsal is None else "rehearsal"
     console.print(f"cluster '{c.name}' is up ({kind} nodes): {len(c.workers)} worker(s), {len(c.reducers)} reducer(s)")
     for n in c.nodes:
@@ -88,7 +93,8 @@ def local_kill(node: str = typer.Argument(..., help="The node to stop, e.g. node
 def local_replace(nodes: list[str] = typer.Argument(None, metavar="[NODE]...",
                                                      help="Nodes to replace; default: every node whose sshd died."),
                   cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local cluster name.")):
-    """Start dead nodes afresh (new port, new host key), as an Auto Scaling group replaces an instance."""
+    """Start dead nodes afresh with a new host key (pinned, the old one removed), as an Auto Scaling group replaces
+    an instance; a rehearsal node keeps its address and port 22, a --loopback node gets a new port."""
     c = clusters.load(cluster)
     if c.backend != "local":
         raise LaunchError(f"cluster '{c.name}' is an AWS cluster; its Auto Scaling groups replace instances and "

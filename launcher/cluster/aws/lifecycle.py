@@ -112,12 +112,6 @@ def run_path(c: Cluster, *, engine: str, reducers: int) -> RunPath:
             f"note: stack '{c.name}' has no shared storage, so this run is not a Slurm job the cluster owns: mpirun "
             f"runs from here and the run ends with this launcher; deploy with `-c storage=fsx` or `-c storage=beegfs` "
             f"for runs that outlive it"))
-    # launcher/plans/slurm.py's job step runs Horovod and DDP jobs so far (docs/design.md, "Not yet on this path").
-    if reducers or engine not in ("horovod", "ddp"):
-        what = "--reducers" if reducers else f"--engine {engine}"
-        return RunPath(slurm=False, note=(
-            f"note: {what} runs mpirun from here, not as a Slurm job the cluster owns (the cluster's jobs run Horovod "
-            f"and DDP without reducers so far); the run ends with this launcher"))
     return RunPath(slurm=True)
 
 
