@@ -115,6 +115,9 @@ def test_cluster_help_says_the_aws_fallback(capsys):
     (["discover", "--ready-timeout", "-1"], "error: --ready-timeout must be a number of seconds >= 0, got -1"),
     (["doctor", "--storage", "nfs"], "error: --storage must be one of: auto, fsx, beegfs, none; got 'nfs'"),
     (["local", "up", "--nodes", "0"], "error: --nodes must be >= 1, got 0"),
+    (["status", "--cluster", ""], "error: --cluster needs a name, got ''"),  # it quietly meant the default
+    (["down", "--cluster", " "], "error: --cluster needs a name, got ' '"),
+    (["discover", "--cluster", ""], "error: --cluster needs a stack name, got ''"),
     (["local", "up", "--nodes", "60", "--reducers", "5"], "error: --nodes + --reducers must be at most 64"),
 ])
 def test_bad_options_are_usage_errors_in_every_command(argv, said, tmp_path, monkeypatch, capsys):

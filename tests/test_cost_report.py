@@ -279,6 +279,8 @@ def test_refreshed_prices_are_cached_and_used_next_time(tmp_path, monkeypatch, c
     (["--ps-per-worker", "0"], "error: --ps-per-worker must be > 0, got 0"),
     (["--reducers-per-worker", "-1"], "error: --reducers-per-worker must be > 0, got -1"),
     (["--gpu-throughput", "0"], "error: --gpu-throughput must be a number of images/s > 0, got 0"),
+    (["--ps-per-worker", "inf", "--strategies", "ps"], "error: --ps-per-worker must be a (finite) number, got 'inf'"),
+    (["--instance-types", ""], "error: --instance-types needs a comma-separated list, got ''"),
     (["--epochs", "0"], "error: --epochs must be >= 1, got 0"),
     (["--precision", "fp8"], "error: --precision must be one of: amp, fp32; got 'fp8'"),
     (["--nodes", "2,4097"], "error: --nodes 4097: allowed: 1 to 4096 worker nodes"),

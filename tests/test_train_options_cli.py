@@ -28,6 +28,8 @@ def train(tmp_path, monkeypatch, capsys, *args: str) -> tuple[int, str]:
     (["--epochs", "0"], "error: --epochs must be >= 1, got 0"),
     (["--engine", "mpi"], "error: --engine must be one of:"),
     (["--model", "vgg"], "error: unknown model"),
+    (["--workers", "-1"], "error: --workers must be >= 0, got -1"),
+    (["--cluster", ""], "error: --cluster needs a name, got ''"),
 ])
 def test_bad_options_are_usage_errors_before_any_cluster_is_sought(args, said, tmp_path, monkeypatch, capsys):
     code, err = train(tmp_path, monkeypatch, capsys, *args)

@@ -242,6 +242,8 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
 
     if not ready_timeout >= 0:
         raise usage_error(f"--ready-timeout must be a number of seconds >= 0, got {ready_timeout:g}")
+    if cluster is not None and not cluster.strip():
+        raise usage_error(f"--cluster needs a stack name, got {cluster!r}")
     stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
     sess = aws.session(region, profile)
     if no_wait:

@@ -92,6 +92,8 @@ def target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:
     A name the launcher does not know is taken as a stack to discover; with no name and no saved cluster, the
     stack is $SCALETRAIN_STACK or infra's default name.
     """
+    if cluster is not None and not cluster.strip():  # '' would quietly mean "the default cluster"
+        raise usage_error(f"--cluster needs a name, got {cluster!r}")
     names = clusters.known_names()
     if cluster in names or (cluster is None and names):
         c = clusters.load(cluster)

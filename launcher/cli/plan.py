@@ -288,7 +288,7 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     check_precision(precision)
     try:
         grid = costreport.CostGrid(
-            instance_types=costshell.parse_list(instance_types, "--instance-types") if instance_types
+            instance_types=costshell.parse_list(instance_types, "--instance-types") if instance_types is not None
             else costreport.DEFAULT_INSTANCE_TYPES,
             nodes=costshell.parse_list(nodes, "--nodes", int),
             strategies=costshell.parse_list(strategies, "--strategies"),

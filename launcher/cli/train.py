@@ -104,6 +104,8 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         raise usage_error(f"--probe-interval must be a number of seconds > 0, got {probe_interval:g}")
     if max_restarts < 0:
         raise usage_error(f"--max-restarts must be >= 0, got {max_restarts}")
+    if workers is not None and workers < 0:  # the trainer's own bound; said here, before a cluster is sought
+        raise usage_error(f"--workers must be >= 0, got {workers}")
     if checkpoint_to:
         from training import durable
 

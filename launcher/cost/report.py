@@ -62,9 +62,9 @@ class CostGrid(BaseModel):
     strategies: tuple[str, ...] = STRATEGIES
     markets: tuple[str, ...] = ("on-demand",)
     reducer_type: str = DEFAULT_TIER_TYPE["reducers"]
-    reducers_per_worker: float = Field(1.0, gt=0)
+    reducers_per_worker: float = Field(1.0, gt=0, allow_inf_nan=False)
     ps_type: str = DEFAULT_TIER_TYPE["ps"]
-    ps_per_worker: float = Field(2.0, gt=0)
+    ps_per_worker: float = Field(2.0, gt=0, allow_inf_nan=False)
     batch_per_gpu: int | None = Field(256, ge=1, description="None: each GPU type's published batch")
     gpu_throughput: float | None = None
     precision: str = "amp"
