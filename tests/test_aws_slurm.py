@@ -165,17 +165,10 @@ def test_without_a_head_node_nothing_changes_and_nothing_is_said():
     assert lifecycle.run_path(c, engine="horovod", reducers=0) == lifecycle.RunPath(slurm=False, note=None)
 
 
-@pytest.mark.parametrize(("engine", "reducers", "named"), [("reducer", 1, "--reducers"), ("horovod", 2, "--reducers")])
-def test_engines_the_jobs_do_not_run_yet_take_mpirun_and_say_so(engine, reducers, named):
+@pytest.mark.parametrize(("engine", "reducers"), [("horovod", 0), ("ddp", 0), ("reducer", 2)])
+def test_every_engine_is_a_slurm_job(engine, reducers):
     c = build(with_head("fsx"), [*instances("p4d.24xlarge", 2), head_instance()])
-    path = lifecycle.run_path(c, engine=engine, reducers=reducers)
-    assert not path.slurm and path.note.startswith(f"note: {named} runs mpirun from here")
-
-
-@pytest.mark.parametrize("engine", ["horovod", "ddp"])
-def test_horovod_and_ddp_are_slurm_jobs(engine):
-    c = build(with_head("fsx"), [*instances("p4d.24xlarge", 2), head_instance()])
-    assert lifecycle.run_path(c, engine=engine, reducers=0) == lifecycle.RunPath(slurm=True)
+    assert lifecycle.run_path(c, engine=engine, reducers=reducers) == lifecycle.RunPath(slurm=True)
 
 
 def test_a_new_job_for_the_run_directory_is_found_and_older_ones_are_not():

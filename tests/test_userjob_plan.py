@@ -144,3 +144,44 @@ def test_a_command_that_does_not_exist_is_one_line(tmp_path):
     assert out.returncode == 127
     assert out.stdout.strip() == (f"[rank 0] error: cannot run 'no-such-program-xyz' in {tmp_path}: "
                                   "No such file or directory")
+
+
+def test_with_reducers_the_workers_run_the_command_and_the_reducers_the_tier():
+    """seed 004's tier under launch run: one MPMD line, the workers (ranks 0..W-1) the user's command with
+    SCALETRAIN_ENGINE=reducer, then one `training.reducer --workers W` per reducer node."""
+    from test_plan import local_cluster
+
+    c = local_cluster(2, reducers=1)
+    argv = userjob.run_mpirun(c, c.select_workers(2), procs=1, workdir="/w", output="/o", command=["python", "t.py"],
+                              engine="reducer", fabric_env={}, mca=[], reducers=c.reducers[:1])
+    workers, reducers = " ".join(argv).split(" : ")
+    assert "-x SCALETRAIN_ENGINE=reducer" in workers and "-x SCALETRAIN_REDUCERS=1" in workers
+    assert workers.endswith("launcher.execute.userrank --workdir /w --python-bin /state/venv/bin --reducers 1 -- "
+                            "python t.py")
+    assert reducers.startswith("-np 1 -host reducer0:1") and reducers.endswith("-m training.reducer --workers 2")
+    assert "-x MASTER_ADDR " in reducers + " " and "MASTER_ADDR=" not in " ".join(argv)
+    with pytest.raises(ValueError, match="needs reducer nodes"):
+        userjob.run_mpirun(c, c.select_workers(2), procs=1, workdir="/w", output="/o", command=["x"],
+                           engine="reducer", fabric_env={}, mca=[])
+
+
+def test_the_workers_world_leaves_the_reducers_out():
+    env = userjob.torchrun_env(ompi(1, 3, 0, 1), reducers=1)
+    assert (env["RANK"], env["WORLD_SIZE"], env["NODE_RANK"]) == ("1", "2", "1")
+
+
+def test_the_step_names_the_allocated_nodes_in_the_mpmd_line():
+    from launcher.execute import jobstep
+
+    argv = ["mpirun", "-np", "2", "-host", "node0:1,node1:1", "prog", ":", "-np", "1", "-host", "reducer0:1", "red"]
+    assert jobstep.with_hosts(argv, ["node2:1,node3:1", "reducer1:1"]) == \
+        ["mpirun", "-np", "2", "-host", "node2:1,node3:1", "prog", ":", "-np", "1", "-host", "reducer1:1", "red"]
+
+
+def test_a_batch_job_with_reducers_asks_for_both_kinds_of_node():
+    job = slurm.BatchJob(name="t", nodes=2, slots=8, output="/o", python="/py", mpirun=("m",), reducers=3)
+    text = slurm.batch_script(job)
+    assert "#SBATCH --nodes=5" in text and "#SBATCH --constraint=[worker*2&reducer*3]" in text
+    assert " --reducers 3 -- m" in text
+    plain = slurm.batch_script(slurm.BatchJob(**{**job.__dict__, "reducers": 0}))
+    assert "#SBATCH --nodes=2" in plain and "#SBATCH --constraint=worker\n" in plain and "--reducers" not in plain

@@ -36,7 +36,11 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
          procs_per_node: int = typer.Option(None, "--procs-per-node", metavar="K",
                                             help="Processes per node; default one per GPU (per slot on CPU nodes)."),
          engine: str = typer.Option("ddp", "--engine", help="What `training.distributed` uses: ddp (the torchrun "
-                                                          "variables) or horovod (hvd.init() under mpirun)."),
+                                                          "variables), horovod (hvd.init() under mpirun), or reducer "
+                                                          "(with --reducers)."),
+         reducers: int = typer.Option(0, "--reducers", metavar="K",
+                                      help="Sum gradients on K of the cluster's reducer nodes (seed 004's tier): "
+                                           "`python -m training.reducer` runs there; --engine reducer."),
          max_restarts: int = typer.Option(0, "--max-restarts", metavar="N",
                                           help="Requeue the job when a node is lost, up to N times; the command "
                                                "reads TORCHELASTIC_RESTART_COUNT to resume."),
@@ -56,6 +60,13 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
         raise LaunchError("launch run needs a command after --, e.g. `launch run -- python train.py`")
     if engine not in userjob.ENGINES:
         raise LaunchError(f"--engine must be one of: {', '.join(userjob.ENGINES)}; got '{engine}'")
+    if reducers < 0:
+        raise LaunchError(f"--reducers must be >= 0, got {reducers}")
+    if reducers and engine not in ("ddp", "reducer"):
+        raise LaunchError(f"--reducers uses the reducer engine; leave out --engine {engine}")
+    if engine == "reducer" and not reducers:
+        raise LaunchError("--engine reducer needs --reducers K (reducer nodes of the cluster)")
+    engine = "reducer" if reducers else engine
     if max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0, got {max_restarts}")
     if not stall_timeout >= 0:
@@ -74,7 +85,7 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
     stamp = time.strftime("%Y%m%d-%H%M%S")
 
     def on(c: clusters.Cluster) -> None:
-        submit_run(c, command, nodes=nodes, workdir=workdir, procs=procs_per_node, engine=engine,
+        submit_run(c, command, nodes=nodes, workdir=workdir, procs=procs_per_node, engine=engine, reducers=reducers,
                    max_restarts=max_restarts, stall_timeout=stall_timeout, checkpoint_to=checkpoint_to,
                    teardown=teardown, stamp=stamp)
 
@@ -95,7 +106,7 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
         found = awsrun.connect_ready(sess, stack, profile=profile)
         awsrun.install_node_access(found)
         awsrun.prepare_storage(found)
-        if not lifecycle.run_path(found, engine="ddp", reducers=0).slurm:
+        if not lifecycle.run_path(found, engine=engine, reducers=reducers).slurm:
             raise LaunchError(f"stack '{stack}' has no Slurm head node with shared storage; `launch run` needs "
                               f"one (deploy with -c storage=fsx or beegfs)")
         awsrun.as_slurm_job(found, f"{awsrun.shared_root(found)}/runs/{stamp}-run", lambda: on(found), handover)
@@ -104,8 +115,8 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
 
 
 def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, workdir: Path, procs: int | None,
-               engine: str, max_restarts: int, stall_timeout: float, checkpoint_to: str | None, teardown: bool,
-               stamp: str) -> None:
+               engine: str, reducers: int, max_restarts: int, stall_timeout: float, checkpoint_to: str | None,
+               teardown: bool, stamp: str) -> None:
     from launcher.cli import jobs as jobcli
     from launcher.cli.train import _shared_memory_gib
     from launcher.execute import run, slurmjobs, sync
@@ -116,6 +127,9 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
     if not shared:
         raise LaunchError(f"cluster '{c.name}' has no shared storage for the working directory; `launch run` needs "
                           f"one (locally `launch local up --slurm`; on AWS -c storage=fsx or beegfs)")
+    if reducers > len(c.reducers):
+        raise LaunchError(f"--reducers {reducers} is more than the {len(c.reducers)} reducer node(s) of cluster "
+                          f"'{c.name}'; bring one up with `launch local up --slurm --nodes N --reducers K`")
     chosen = c.select_workers(nodes)
     first = chosen[0]
     try:
@@ -129,14 +143,16 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
          f"{p.unchanged} unchanged, {len(p.delete)} removed")
     fabric_env, mca = run.fabric_settings(c, first)
     argv = userjob.run_mpirun(c, chosen, procs=per_node, workdir=copied.path, output=output, command=command,
-                              engine=engine, fabric_env=fabric_env, mca=mca, checkpoint_to=checkpoint_to)
+                              engine=engine, fabric_env=fabric_env, mca=mca, checkpoint_to=checkpoint_to,
+                              reducers=c.reducers[:reducers])
     script = slurm.batch_script(slurm.BatchJob(
         name=f"run-{Path(command[0]).name}"[:40], nodes=len(chosen), slots=per_node, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
         shared_memory_gib=_shared_memory_gib(c), rendezvous_port=userjob.MASTER_PORT, resume_flag=False,
-        submitted_by="launch run"))
+        reducers=reducers, submitted_by="launch run"))
+    tier = f" and {reducers} reducer node(s)" if reducers else ""
     job_id, ended, seen = jobcli.submit_and_follow(
-        c, script, output, f"{len(chosen)} node(s) x {per_node} process(es), run directory {output}")
+        c, script, output, f"{len(chosen)} node(s) x {per_node} process(es){tier}, run directory {output}")
     if teardown:
         _say(f"the cluster takes itself down now that job {job_id} has ended (--teardown)")
     if ended.state != "succeeded":

@@ -263,9 +263,9 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
 
     from launcher.plans import slurm
 
-    if spec.reducers:
-        raise LaunchError("a cluster with Slurm runs Horovod and DDP jobs so far; --reducers runs on a cluster "
-                          "without a head node (`launch local up --nodes N --reducers K` without --slurm)")
+    if spec.reducers > len(c.reducers):
+        raise LaunchError(f"--reducers {spec.reducers} is more than the {len(c.reducers)} reducer node(s) of cluster "
+                          f"'{c.name}'; bring one up with `launch local up --slurm --nodes N --reducers K`")
     chosen = c.select_workers(nodes)
     first = chosen[0]
     spec = spec.model_copy(update={"output": output})
@@ -284,11 +284,12 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
 
     train_images = sum(s["count"] for s in json.loads(text)["shards"] if s["split"] == "train")
     fabric_env, mca = run.fabric_settings(c, first)
-    argv = slurm.job_mpirun(c, chosen, spec, fabric_env=fabric_env, mca=mca)
+    argv = slurm.job_mpirun(c, chosen, spec, fabric_env=fabric_env, mca=mca, reducers=c.reducers[:spec.reducers])
     script = slurm.batch_script(slurm.BatchJob(
         name=f"scaletrain-{spec.model}", nodes=len(chosen), slots=first.slots, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
-        shared_memory_gib=_shared_memory_gib(c), rendezvous_port=job.DDP_PORT if spec.engine == "ddp" else None))
+        shared_memory_gib=_shared_memory_gib(c), reducers=spec.reducers,
+        rendezvous_port=job.DDP_PORT if spec.engine in ("ddp", "reducer") else None))
     from launcher.cli.jobs import submit_and_follow
 
     job_id, ended, seen = submit_and_follow(c, script, output, f"{len(chosen)} node(s), run directory {output}")

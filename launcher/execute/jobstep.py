@@ -45,18 +45,40 @@ def hosts_of(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
-def node_addresses(hosts: list[str]) -> dict[str, str]:
-    """Each node's address as the controller has it (NodeAddr): where its slurmd answers."""
+def node_records(hosts: list[str]) -> dict[str, dict[str, str]]:
+    """Each node's record as the controller has it (`scontrol show node`)."""
     from launcher.plans import slurm
 
     out = subprocess.run(["scontrol", "--oneliner", "show", "node", ",".join(hosts)], capture_output=True,
                          text=True)
-    found = {}
-    for line in out.stdout.splitlines():
-        f = slurm.fields(line)
-        if "NodeName" in f:
-            found[f["NodeName"]] = f.get("NodeAddr") or f["NodeName"]
-    return found
+    return {f["NodeName"]: f for f in map(slurm.fields, out.stdout.splitlines()) if "NodeName" in f}
+
+
+def node_addresses(hosts: list[str]) -> dict[str, str]:
+    """Each node's address as the controller has it (NodeAddr): where its slurmd answers."""
+    return {name: f.get("NodeAddr") or name for name, f in node_records(hosts).items()}
+
+
+def split_roles(hosts: list[str], reducers: int) -> tuple[list[str], list[str]]:
+    """(workers, reducers) of the allocation, by each node's Feature (plans/slurm.node_conf)."""
+    from launcher.plans import slurm
+
+    if not reducers:
+        return hosts, []
+    records = node_records(hosts)
+    ours = [h for h in hosts if slurm.REDUCER_FEATURE in records.get(h, {}).get("AvailableFeatures", "").split(",")]
+    return [h for h in hosts if h not in ours], ours
+
+
+def with_hosts(argv: list[str], groups: list[str]) -> list[str]:
+    """The MPMD mpirun line with its app contexts' -host lists (workers, then reducers) set to ``groups``: the nodes
+    Slurm allocated, which need not be those named when the job was submitted."""
+    out, k = list(argv), 0
+    for i, a in enumerate(argv[:-1]):
+        if a == "-host" and k < len(groups):
+            out[i + 1] = groups[k]
+            k += 1
+    return out
 
 
 def unreachable(hosts: list[str]) -> dict[str, str]:
@@ -166,6 +188,7 @@ def main(args: list[str] | None = None) -> int:
     p.add_argument("--shared-memory-gib", type=float, default=None)
     p.add_argument("--rendezvous-port", type=int, default=None,
                    help="export MASTER_ADDR (the allocation's first node) and MASTER_PORT for mpirun to forward")
+    p.add_argument("--reducers", type=int, default=0, help="reducer nodes in the allocation (an MPMD mpirun line)")
     p.add_argument("--no-resume", action="store_true",
                    help="add no --resume to a restarted job: a user's command (launch run) reads "
                         "SCALETRAIN_RESTART_COUNT instead")
@@ -180,12 +203,22 @@ def main(args: list[str] | None = None) -> int:
         print(f"error: job {job_id} was restarted {restart} time(s), more than --max-restarts {a.max_restarts}; "
               f"not running it again", flush=True)
         return 1
-    write_atomic(Path(a.hostfile), "".join(f"{h} slots={a.slots}\n" for h in hosts))
+    workers, reducer_hosts = split_roles(hosts, a.reducers)
+    if len(reducer_hosts) != a.reducers:
+        print(f"error: job {job_id} asked for {a.reducers} reducer node(s) and got {len(reducer_hosts)} "
+              f"({', '.join(hosts)})", flush=True)
+        return 1
+    write_atomic(Path(a.hostfile), "".join(f"{h} slots={a.slots}\n" for h in workers)
+                 + "".join(f"{h} slots=1\n" for h in reducer_hosts))
+    if reducer_hosts:
+        mpirun = with_hosts(mpirun, [",".join(f"{h}:{a.slots}" for h in workers),
+                                     ",".join(f"{h}:1" for h in reducer_hosts)])
+    hosts = workers + reducer_hosts
     os.environ["SCALETRAIN_RESTART_COUNT"] = str(restart)
     if a.rendezvous_port is not None:
         # The rendezvous is where the allocation's first node is now (a replacement has a new address), as Slurm has
         # it; mpirun forwards both by name (-x MASTER_ADDR).
-        os.environ["MASTER_ADDR"] = node_addresses(hosts[:1]).get(hosts[0], hosts[0])
+        os.environ["MASTER_ADDR"] = node_addresses(workers[:1]).get(workers[0], workers[0])
         os.environ["MASTER_PORT"] = str(a.rendezvous_port)
     if restart and not a.no_resume and "--resume" not in mpirun:
         mpirun = [*mpirun, "--resume"]
@@ -195,7 +228,8 @@ def main(args: list[str] | None = None) -> int:
         return 0
     silent = unreachable(hosts)
     # The nodes as the hostfile lays the ranks out, for naming the node of a rank that died.
-    ranked = [Node(name=h, address=h, role="worker", slots=a.slots, cpus=1, workdir="/") for h in hosts]
+    ranked = [Node(name=h, address=h, role="worker", slots=a.slots, cpus=1, workdir="/") for h in workers] + \
+        [Node(name=h, address=h, role="reducer", slots=1, cpus=1, workdir="/") for h in reducer_hosts]
     why = stopped or faults.diagnose(lines, ranked, silent, shared_memory_gib=a.shared_memory_gib) \
         or f"mpirun exited {code}"
     lost = restarts.lost_nodes(lines, silent, hosts)

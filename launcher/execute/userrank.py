@@ -22,6 +22,7 @@ def main(args: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launcher.execute.userrank")
     p.add_argument("--workdir", required=True)
     p.add_argument("--python-bin", required=True)
+    p.add_argument("--reducers", type=int, default=0, help="reducer processes after the workers in the MPI world")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(args)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -30,7 +31,8 @@ def main(args: list[str] | None = None) -> int:
         return 2
     try:
         env = os.environ | userjob.torchrun_env(dict(os.environ), job_id=os.environ.get("SLURM_JOB_ID", ""),
-                                                restarts=os.environ.get("SCALETRAIN_RESTART_COUNT", "0"))
+                                                restarts=os.environ.get("SCALETRAIN_RESTART_COUNT", "0"),
+                                                reducers=a.reducers)
     except ValueError as e:
         print(f"error: {e}", flush=True)
         return 2

@@ -255,12 +255,14 @@ class BatchJob:
     stall_timeout_s: float = 1800.0
     teardown: bool = False                   # the cluster removes itself when the job has ended (epilog_script)
     shared_memory_gib: float | None = None   # the local cluster: the memory all its nodes share (faults.diagnose)
+    reducers: int = 0                        # reducer nodes besides the workers (seed 004's tier; MPMD mpirun)
     rendezvous_port: int | None = None       # DDP, a user's command: the step exports MASTER_ADDR/PORT
     resume_flag: bool = True                 # a restarted job's command gets --resume (the trainer's option)
     submitted_by: str = "launch train"
 
 
-def job_mpirun(cluster, workers: list, spec, *, fabric_env: dict[str, str], mca: list[tuple[str, str]]) -> list[str]:
+def job_mpirun(cluster, workers: list, spec, *, fabric_env: dict[str, str], mca: list[tuple[str, str]],
+               reducers: list = ()) -> list[str]:
     """The run's mpirun line inside the allocation (launcher/plans/job.py's, hostfile OUTPUT/hostfile). Open MPI
     starts its daemons through Slurm there (its slurm launcher runs srun, which munge authenticates), not over SSH:
     a replacement node, whose host key no launcher pinned, takes part as soon as it registers. ParallelCluster runs
@@ -268,9 +270,10 @@ def job_mpirun(cluster, workers: list, spec, *, fabric_env: dict[str, str], mca:
     tests/integration-tests/tests/efa/test_efa/test_efa/nccl_benchmarks/nccl_tests_submit_openmpi.sh)."""
     from launcher.plans import job
 
-    argv = job.launch_argv(cluster, workers, [], spec, f"{spec.output}/{HOSTFILE}", fabric_env=fabric_env,
-                           mca=[*mca, ("plm", "slurm")])
-    if spec.engine == "ddp":  # the job's step exports the rendezvous from the allocation (BatchJob.rendezvous_port)
+    argv = job.launch_argv(cluster, workers, list(reducers), spec, f"{spec.output}/{HOSTFILE}",
+                           fabric_env=fabric_env, mca=[*mca, ("plm", "slurm")])
+    # The job's step exports the rendezvous from the allocation (BatchJob.rendezvous_port).
+    if spec.engine in ("ddp", "reducer"):
         argv = forward_by_name(argv, ("MASTER_ADDR", "MASTER_PORT"))
     return argv
 
@@ -287,22 +290,27 @@ def batch_script(b: BatchJob) -> str:
     the step (launcher/execute/jobstep.py) on the allocation's first node. The step writes the hostfile from the
     allocation, adds --resume when Slurm restarted the job, enforces the stall timeout, and asks Slurm to requeue
     the job when a node was lost, up to --max-restarts times."""
-    if b.nodes < 1 or b.slots < 1:
-        raise ValueError(f"a job needs nodes >= 1 and slots >= 1, got {b.nodes} and {b.slots}")
+    if b.nodes < 1 or b.slots < 1 or b.reducers < 0:
+        raise ValueError(f"a job needs nodes >= 1, slots >= 1 and reducers >= 0, got {b.nodes}, {b.slots} and "
+                         f"{b.reducers}")
     q = shlex.quote
+    # With reducers, the allocation is both kinds of node in their counts (sbatch(1), --constraint, "Multiple Counts":
+    # "--constraint="[rack1*2&rack2*4]""), and the step names them in the MPMD line (its -host lists).
+    constraint = f"[{WORKER_FEATURE}*{b.nodes}&{REDUCER_FEATURE}*{b.reducers}]" if b.reducers else WORKER_FEATURE
     step = [b.python, "-m", "launcher.execute.jobstep", "--max-restarts", str(b.max_restarts),
             "--stall-timeout", f"{b.stall_timeout_s:g}", "--slots", str(b.slots),
             "--hostfile", f"{b.output}/{HOSTFILE}", "--output", b.output,
             *(["--shared-memory-gib", f"{b.shared_memory_gib:.1f}"] if b.shared_memory_gib else []),
             *(["--rendezvous-port", str(b.rendezvous_port)] if b.rendezvous_port is not None else []),
-            *([] if b.resume_flag else ["--no-resume"]), "--",
+            *([] if b.resume_flag else ["--no-resume"]), *(["--reducers", str(b.reducers)] if b.reducers else []),
+            "--",
             *b.mpirun]
     return "\n".join([
         "#!/bin/bash",
         f"#SBATCH --job-name={b.name}",
-        f"#SBATCH --nodes={b.nodes}",
+        f"#SBATCH --nodes={b.nodes + b.reducers}",
         f"#SBATCH --ntasks-per-node={b.slots}",
-        f"#SBATCH --constraint={WORKER_FEATURE}",
+        f"#SBATCH --constraint={constraint}",
         "#SBATCH --exclusive",
         # Requeued when a node fails (sbatch(1), --requeue: "the batch job should be eligible for requeuing"),
         # appending to the same output (--open-mode=append) so one file tells the whole run.

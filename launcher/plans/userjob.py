@@ -28,7 +28,7 @@ IGNORE_FILE = ".scaletrainignore"            # one fnmatch pattern per line; '#'
 MANIFEST = ".scaletrain-sync.json"           # in the copy on the shared storage: what was sent, with sizes and times
 MAX_SYNC_BYTES = 2 * 2**30                   # a working directory is code, not data: more is refused
 MASTER_PORT = 29500                          # torchrun's default --master-port
-ENGINES = ("horovod", "ddp")
+ENGINES = ("horovod", "ddp", "reducer")
 
 
 def ignore_patterns(ignore_file_text: str | None) -> tuple[str, ...]:
@@ -77,15 +77,18 @@ def workdir_name(path: str, host: str) -> str:
     return f"{name}-{hashlib.sha256(f'{host}:{path}'.encode()).hexdigest()[:8]}"
 
 
-def torchrun_env(ompi: dict[str, str], *, job_id: str = "", restarts: str = "0") -> dict[str, str]:
+def torchrun_env(ompi: dict[str, str], *, job_id: str = "", restarts: str = "0", reducers: int = 0) -> dict[str, str]:
     """The torchrun variables of one process, from Open MPI's. Ranks fill node after node (--map-by slot with the
-    same slots on every node), so a process's node is its rank divided by the processes per node."""
+    same slots on every node), so a process's node is its rank divided by the processes per node. With ``reducers``
+    (the reducer tier's MPMD world: the workers, then the reducers), WORLD_SIZE counts the workers only, as
+    training/distributed.py reads it."""
     try:
         rank, size = int(ompi["OMPI_COMM_WORLD_RANK"]), int(ompi["OMPI_COMM_WORLD_SIZE"])
         local_rank, local_size = int(ompi["OMPI_COMM_WORLD_LOCAL_RANK"]), int(ompi["OMPI_COMM_WORLD_LOCAL_SIZE"])
     except (KeyError, ValueError) as e:
         raise ValueError(f"not started by Open MPI's mpirun (no {e} in the environment)") from None
     node = str(rank // max(local_size, 1))
+    size -= reducers
     return {"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_size), "NODE_RANK": node, "GROUP_RANK": node, "ROLE_RANK": str(rank),
             "ROLE_WORLD_SIZE": str(size), "ROLE_NAME": "default", "TORCHELASTIC_RESTART_COUNT": restarts or "0",
@@ -108,7 +111,7 @@ def procs_per_node(node: Node, asked: int | None) -> int:
 
 def run_mpirun(cluster: Cluster, workers: list[Node], *, procs: int, workdir: str, output: str, command: list[str],
                engine: str, fabric_env: dict[str, str], mca: list[tuple[str, str]],
-               checkpoint_to: str | None = None) -> list[str]:
+               checkpoint_to: str | None = None, reducers: list[Node] = ()) -> list[str]:
     """The mpirun line of a `launch run` job (inside the allocation; launcher/plans/slurm.job_mpirun's settings):
     each process starts launcher.execute.userrank, which sets the torchrun variables and runs ``command`` from the
     synced ``workdir`` with the image's Python first on PATH. MASTER_ADDR and MASTER_PORT are the job step's (the
@@ -117,20 +120,27 @@ def run_mpirun(cluster: Cluster, workers: list[Node], *, procs: int, workdir: st
 
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if (engine == "reducer") != bool(reducers):
+        raise ValueError("the reducer engine needs reducer nodes (--reducers K), and only it takes them")
     sized = [n.model_copy(update={"slots": procs}) for n in workers]
     # The ddp engine's line: a rendezvous and, on the cluster's MPI interface, gloo's own sockets (a rehearsal node's
     # name resolves to nothing, and gloo would bind loopback), what a torchrun script needs whichever engine it uses.
     # (No trainer here: its loader workers and threads are set so nothing sizes them from the nodes' vCPUs.)
-    spec = job.TrainSpec(data="", output=output, engine="ddp", workers=0, threads=1)
-    argv = slurm.job_mpirun(cluster, sized, spec, fabric_env=fabric_env, mca=mca)
+    # With reducers: the reducer tier's MPMD line (launcher/plans/job.mpmd_mpirun_argv), the workers' program ours.
+    spec = job.TrainSpec(data="", output=output, engine="reducer" if reducers else "ddp", workers=0, threads=1,
+                         reducers=len(reducers))
+    argv = slurm.job_mpirun(cluster, sized, spec, fabric_env=fabric_env, mca=mca, reducers=list(reducers))
     trainer = job.trainer_argv(cluster.python, spec)
-    head = argv[:len(argv) - len(trainer)]
+    at = next(i for i in range(len(argv)) if argv[i:i + len(trainer)] == trainer)
     env = {"SCALETRAIN_ENGINE": engine, "SCALETRAIN_OUTPUT": output, "SCALETRAIN_WORKDIR": workdir}
+    if reducers:
+        env["SCALETRAIN_REDUCERS"] = str(len(reducers))
     if checkpoint_to:
         env["SCALETRAIN_CHECKPOINT_TO"] = checkpoint_to
-    for key, value in sorted(env.items()):
-        head += ["-x", f"{key}={value}"]
-    head += ["-x", "SCALETRAIN_RESTART_COUNT", "-x", "SLURM_JOB_ID"]
-    return head + [cluster.python, "-m", "launcher.execute.userrank", "--workdir", workdir,
-                   "--python-bin", str(PurePosixPath(cluster.python).parent), "--", *command]
+    ours = [a for key, value in sorted(env.items()) for a in ("-x", f"{key}={value}")]
+    ours += ["-x", "SCALETRAIN_RESTART_COUNT", "-x", "SLURM_JOB_ID"]
+    ours += [cluster.python, "-m", "launcher.execute.userrank", "--workdir", workdir,
+             "--python-bin", str(PurePosixPath(cluster.python).parent), "--reducers", str(len(reducers)),
+             "--", *command]
+    return argv[:at] + ours + argv[at + len(trainer):]
 
