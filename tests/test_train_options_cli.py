@@ -48,3 +48,21 @@ def test_help_shows_out_and_not_the_old_name(capsys):
     assert cli.main(["train", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--out " in out and "--output" not in out
+
+
+@pytest.mark.parametrize(("epochs", "warmup", "code"), [("2", "2", 2), ("2", "1.99", 0)])
+def test_the_trainer_refuses_a_warmup_that_reaches_the_end_too(epochs, warmup, code, tmp_path):
+    """The trainer started without the launcher (a user's own mpirun line) keeps the same rule, on both sides."""
+    import subprocess
+    import sys
+
+    from training.train import parse_args
+
+    if code == 0:
+        assert parse_args(["--output", str(tmp_path), "--synthetic", "--epochs", epochs,
+                           "--warmup-epochs", warmup]).warmup_epochs == float(warmup)
+        return
+    proc = subprocess.run([sys.executable, "-m", "training.train", "--output", str(tmp_path), "--synthetic",
+                           "--epochs", epochs, "--warmup-epochs", warmup], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: --warmup-epochs 2 reaches the end of the 2-epoch run")
