@@ -7,6 +7,7 @@ One cluster for the module: each test's runs are Slurm jobs queued one after ano
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from clusterutil import (
+    ROOT,
     SHARDS,
     TINY,
     alive,
@@ -36,7 +38,7 @@ pytestmark = [pytest.mark.cluster, needs_root]
 def home(tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
     home = root / "home"
-    up(home, "--nodes", "2", "--slurm")
+    up(home, "--nodes", "2", "--reducers", "1", "--slurm")
     try:
         put_on_shared(home, tiny_shards(home, root), SHARDS)
         yield home
@@ -194,14 +196,19 @@ def test_a_failure_the_trainer_names_is_not_requeued(home):
     assert failed and failed[0]["state"] == "failed" and failed[0]["restarts"] == 0, failed
 
 
-def test_a_ddp_run_is_a_slurm_job_too(home):
-    """--engine ddp: the rendezvous is the allocation's first node, exported by the job's step."""
-    run = node_run("ddp")
-    proc = launch(home, "train", "--data", SHARDS, "--epochs", "1", *TINY, "--engine", "ddp", "--output", run)
+@pytest.mark.parametrize("engine", ["ddp", "reducer"])
+def test_ddp_and_reducer_runs_are_slurm_jobs_too(home, engine):
+    """--engine ddp and --reducers 1: the rendezvous is the allocation's first node, exported by the job's step; the
+    reducer tier's allocation holds the reducer node too, and the step names it in the MPMD line."""
+    run = node_run(engine)
+    how = ["--engine", "ddp"] if engine == "ddp" else ["--reducers", "1"]
+    proc = launch(home, "train", "--data", SHARDS, "--epochs", "1", *TINY, *how, "--output", run)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "job " in proc.stdout and "run finished: resnet18 on 2 node(s) / 2 rank(s)" in proc.stdout, proc.stdout
     batch = on_host(home, f"{run}/job.sbatch").read_text()
     assert "--rendezvous-port 29500" in batch and "-x MASTER_ADDR " in batch
+    hostfile = on_host(home, f"{run}/hostfile").read_text()
+    assert hostfile == ("node0 slots=1\nnode1 slots=1\n" + ("reducer0 slots=1\n" if engine == "reducer" else ""))
 
 
 # A script written for torchrun that knows nothing of scaletrain: the torchrun variables and a gloo all-reduce.
@@ -271,12 +278,38 @@ def test_a_horovod_script_and_a_failing_command_under_launch_run(home, tmp_path)
                     "python", "bad.py")
     assert_one_line_error(failed, "failed", "exited with code 4", "not retried")
     assert "[rank 0] about to fail" in failed.stdout
+    # A script on the project's engines (training.distributed), the reducer tier on the reducer node.
+    (work / "tier.py").write_text(
+        "import torch\nfrom training import distributed\ndistributed.init()\n"
+        "net = torch.nn.Linear(4, 1)\nmodel, opt = distributed.wrap(net, torch.optim.SGD(net.parameters(), 0.1))\n"
+        "g = distributed.allreduce(torch.tensor([float(distributed.rank() + 1)]), op='sum')\n"
+        "print(f'{distributed.engine_name()} rank={distributed.rank()} size={distributed.size()} sum={g.item():g}')\n"
+        "distributed.shutdown()\n")
+    tier = launch(home, "run", "--cluster", "local", "--workdir", str(work), "--reducers", "1", "--",
+                  "python", "tier.py")
+    assert tier.returncode == 0, tier.stdout + tier.stderr
+    assert "1 reducer node(s)" in tier.stdout and "on node0, node1, reducer0" in tier.stdout, tier.stdout
+    assert "[rank 0] reducer rank=0 size=2 sum=3" in tier.stdout, tier.stdout
+    assert "[rank 1] reducer rank=1 size=2 sum=3" in tier.stdout, tier.stdout
     for args, said in ((["--procs-per-node", "2"], "--procs-per-node 2 is more than the 1 vCPU(s) of node0"),
                        (["--workdir", str(work / "nope")], "is not a directory"),
                        ([], "needs a command after --")):
         assert_one_line_error(launch(home, "run", "--cluster", "local", *args, *(["--", "true"] if args else [])),
                               said)
 
+
+
+def test_the_bert_example_trains_through_launch_run_with_each_engine(home):
+    """examples/bert/pretrain.py from its own directory: training.distributed takes the engine `launch run` names
+    (SCALETRAIN_ENGINE), 2 ranks on two machines, the loss falling (docs/your-code.md)."""
+    for engine in ("ddp", "horovod"):
+        proc = launch(home, "run", "--cluster", "local", "--workdir", str(ROOT / "examples" / "bert"), "--engine",
+                      engine, "--", "python", "pretrain.py", "--steps", "20", "--log-every", "10")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert f"[rank 0] pretraining BERT-tiny (0.2M parameters) on 2 rank(s) ({engine})" in proc.stdout, proc.stdout
+        first, last = map(float, re.search(rf"^\[rank 0\] summary: BERT-tiny 2 ranks \({engine}\), loss ([\d.]+) -> "
+                                           rf"([\d.]+)", proc.stdout, flags=re.M).groups())
+        assert last < first - 0.3, proc.stdout
 
 
 def test_a_node_that_fails_its_health_check_drains_itself_and_a_replacement_returns(home):
