@@ -186,7 +186,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         _report(chosen, spec, result, c)
 
     c, stack = target(cluster)
-    if stack is None and c is not None and c.head is not None:
+    if stack is None and c is not None and c.head is not None and _head_answers(c, nodes):
         _on_slurm(c, nodes=nodes, data=data, output=output or f"{c.shared_root}/runs/{stamp}", teardown=teardown,
                   max_restarts=max_restarts, stall_timeout=stall_timeout, region=region, checkpoint_to=checkpoint_to,
                   spec=job.TrainSpec(data=data or "", output="", model=model, image_size=image_size, epochs=epochs,
@@ -309,6 +309,27 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
         console.print(f"[launch] Slurm restarted the job {ended.restarts} time(s); each resumed from the newest "
                       f"complete checkpoint", markup=False, highlight=False)
     _report(chosen, spec, run.RunResult(0, output, train_images, summary, seen), c)
+
+
+def _head_answers(c: clusters.Cluster, nodes: int | None) -> bool:
+    """Is the head node there to run the job? When it is lost, the run is not a Slurm job: mpirun runs from here on
+    the nodes, which still answer, and continues a run directory with --resume (checkpoints are on the shared
+    storage). Not while a job the lost head node started still runs on a node: two runs would write one directory."""
+    from launcher.execute import slurmjobs
+
+    why = slurmjobs.head_lost(c)
+    if why is None:
+        return True
+    # The brackets keep pgrep from finding the shell that runs it (its command line holds the pattern too).
+    step = "'[l]auncher.execute.jobstep'"
+    busy = [r.node for r in remote.run_all(c, c.select_workers(nodes), f"pgrep -f {step} >/dev/null") if r.ok]
+    if busy:
+        raise LaunchError(f"the head node '{c.head.name}' does not answer ({why}), and a job it started still runs on "
+                          f"{', '.join(busy)}; wait for it to end (`launch exec -- pgrep -fa {step}`) or stop it "
+                          f"(`launch exec -- pkill -f {step}`), then run again")
+    console.print(f"note: the head node '{c.head.name}' does not answer ({why}), so this run is not a Slurm job: "
+                  f"mpirun runs from here and the run ends with this launcher", markup=False, highlight=False)
+    return False
 
 
 def _shared_memory_gib(c: clusters.Cluster) -> float | None:

@@ -141,6 +141,9 @@ def run_step(argv: list[str], stall_s: float) -> tuple[int, list[str], str | Non
             lines.put(line)
         lines.put(None)
 
+    # Slurm's scancel, or a user's pkill on a node whose head node is lost, ends the step with SIGTERM: mpirun runs
+    # in a session of its own, so it is stopped with it rather than left running.
+    signal.signal(signal.SIGTERM, lambda *_: (_end(proc), sys.exit(143)))
     threading.Thread(target=read, daemon=True).start()
     seen: list[str] = []
     last = time.monotonic()

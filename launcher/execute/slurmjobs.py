@@ -32,6 +32,24 @@ def head_of(c: Cluster) -> Node:
     return c.head
 
 
+def head_lost(c: Cluster) -> str | None:
+    """None when the head node answers over SSH; else why it does not (one line)."""
+    try:
+        remote.check(c, head_of(c), "true", timeout_s=15)
+    except LaunchError as e:
+        return str(e)
+    return None
+
+
+def lost_head(c: Cluster, why: str) -> LaunchError:
+    """The one line for a head node that is gone: what went with it, what did not, and how to go on. Slurm's state
+    (the queue, StateSaveLocation) is on the head node's disk, as on ParallelCluster, whose head node is in no Auto
+    Scaling group; the jobs' steps run on the nodes under slurmd and end on their own."""
+    return LaunchError(f"the head node '{head_of(c).name}' does not answer ({why}): Slurm's queue went with it; jobs "
+                       f"already running go on to their end on the nodes, their run directories and checkpoints are "
+                       f"on the shared storage, and `launch train --resume --out DIR` continues one from here")
+
+
 def _slurm_error(text: str, what: str) -> LaunchError:
     last = (text.strip().splitlines() or ["no output"])[-1]
     if "Unable to contact slurm controller" in text or "Connection refused" in text:
@@ -69,7 +87,10 @@ def jobs(c: Cluster, job_id: str | None = None, *, conn=None) -> list[slurm.Job]
         res = conn.run(command, hide=True, warn=True, in_stream=False, timeout=30)
         text = res.stdout
     else:
-        _, text = remote.check(c, head_of(c), command, timeout_s=30)
+        try:
+            _, text = remote.check(c, head_of(c), command, timeout_s=30)
+        except LaunchError as e:  # the head node is gone, not only its controller
+            raise lost_head(c, str(e)) from None
     live, _, done = text.partition("@@jobcomp@@")
     if "Invalid job id" in live:
         live = ""
