@@ -56,8 +56,24 @@ def test_the_profiles_region_counts_when_the_environment_names_none(env, no_cons
     assert "(aws, us-east-1," in capsys.readouterr().out
 
 
-def test_no_region_anywhere_is_one_line_naming_every_way_to_give_one(env, monkeypatch, capsys):  # noqa: F811
+def test_with_no_region_named_the_stacks_own_is_used_as_preflight_and_cdk_deploy_use_it(env, no_console,  # noqa: F811
+                                                                                          monkeypatch, capsys):
+    """cdk.json's region is where `npx cdk deploy` (and so `launch preflight`/`up`) put the stack: status, discover
+    and down look there too when neither --region, the environment nor the profile names one."""
+    from launcher.cli import common
+
+    deploy(workers=1)
     monkeypatch.delenv("AWS_DEFAULT_REGION")
+    assert common.cdk_region() == "us-east-1"
+    assert cli.main(["status", "--cluster", "c1"]) == 0, capsys.readouterr().err
+    assert "(aws, us-east-1," in capsys.readouterr().out
+
+
+def test_no_region_anywhere_is_one_line_naming_every_way_to_give_one(env, monkeypatch, capsys):  # noqa: F811
+    from launcher.cli import common
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    monkeypatch.setattr(common, "cdk_region", lambda: None)  # no cdk.json either
     assert cli.main(["status", "--cluster", "c1"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pass --region, set AWS_REGION or AWS_DEFAULT_REGION" in err, err

@@ -4,7 +4,6 @@ capacity), `discover`, `status` (local clusters too), `ssh` (local clusters too)
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import typer
 from rich.table import Table
@@ -16,6 +15,7 @@ from launcher.cli.common import (
     ProfileOpt,
     RegionOpt,
     aws_session,
+    cdk_json,
     console,
     resolve,
     reword,
@@ -131,10 +131,6 @@ StackRegionOpt = typer.Option(None, "--region", help="Same as -c region=REGION (
                                                      "cdk.json's).")
 
 
-def _cdk_json() -> Path | None:
-    return next((p for p in (Path("cdk.json"), Path(__file__).resolve().parents[2] / "cdk.json") if p.is_file()), None)
-
-
 def _spec_and_pairs(context: list[str] | None, region: str | None):
     """(the stack's spec, the -c pairs to hand `cdk deploy`, cdk.json's context): as `npx cdk deploy -c ...` reads
     them; bad input is one line."""
@@ -143,9 +139,9 @@ def _spec_and_pairs(context: list[str] | None, region: str | None):
     from launcher.plans import preflight
 
     pairs = list(context or [])
-    cdk_json = _cdk_json()
+    found = cdk_json()
     try:
-        defaults = json.loads(cdk_json.read_text()).get("context", {}) if cdk_json else {}
+        defaults = json.loads(found.read_text()).get("context", {}) if found else {}
         ctx = preflight.context_from_args(pairs, defaults)
         if region is not None and any(p.startswith("region=") for p in pairs):
             if ctx.get("region") != region:
@@ -154,7 +150,7 @@ def _spec_and_pairs(context: list[str] | None, region: str | None):
             ctx["region"], pairs = region, [*pairs, f"region={region}"]
         return preflight.spec_from_context(ctx), pairs, defaults
     except OSError as e:
-        raise LaunchError(f"could not read {cdk_json}: {e.strerror or e}") from None
+        raise LaunchError(f"could not read {found}: {e.strerror or e}") from None
     except ValueError as e:  # a -c pair or --region the stack would refuse: a usage error, in the project's words
         raise usage_error(reword(str(e).splitlines()[0])) from None
 
@@ -223,10 +219,10 @@ def up_cmd(context: list[str] = ContextOpt, region: str = StackRegionOpt, profil
     if preflight.failed(verdicts):
         raise LaunchError(f"preflight: {sum(v.status == 'FAIL' for v in verdicts)} check(s) fail (FAIL above); "
                           f"nothing was deployed")
-    cdk_json = _cdk_json()
+    project = cdk_json()
     say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
     deploy.deploy_all(sess, spec, plan, profile=profile, wait_s=capacity_wait, say=say,
-                      cdk=lambda argv: deploy.run_cdk(argv, cwd=cdk_json.parent if cdk_json else None))
+                      cdk=lambda argv: deploy.run_cdk(argv, cwd=project.parent if project else None))
     say(f"next: launch discover --cluster {spec.cluster_name} --region {spec.region}")
 
 
@@ -245,7 +241,7 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
     if cluster is not None and not cluster.strip():
         raise usage_error(f"--cluster needs a stack name, got {cluster!r}")
     stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
-    sess = aws.session(region, profile)
+    sess = aws_session(None, region, profile)
     if no_wait:
         c = aws.discover_cluster(sess, stack, profile=profile)
     else:

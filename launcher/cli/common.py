@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import click
@@ -40,7 +41,8 @@ ClusterOpt = typer.Option(None, "--cluster", help="A cluster this machine knows 
                                                    "or 'scaletrain'.")
 
 RegionOpt = typer.Option(None, "--region", help="AWS region; default: the saved cluster's, else AWS_REGION, "
-                                                "AWS_DEFAULT_REGION or the profile's, as the AWS CLI chooses.")
+                                                "AWS_DEFAULT_REGION or the profile's, as the AWS CLI chooses, else "
+                                                "cdk.json's (where `npx cdk deploy` puts the stack).")
 ProfileOpt = typer.Option(None, "--profile", help="AWS profile; default: the saved cluster's, else AWS_PROFILE's "
                                                   "or the default profile.")
 DEFAULT_STACK = "scaletrain"  # infra's default cluster_name
@@ -53,12 +55,38 @@ def aws_session(c: clusters.Cluster | None, region: str | None, profile: str | N
     from launcher.cluster.aws import api as aws
 
     saved = c.aws if c is not None else None
+    region, profile = region or (saved.region if saved else None), profile or (saved.profile if saved else None)
     try:
-        return aws.session(region or (saved.region if saved else None), profile or (saved.profile if saved else None))
+        try:
+            return aws.session(region, profile)
+        except LaunchError as e:
+            # Nothing names a region: the stack's own, where `npx cdk deploy` and `launch preflight`/`up` put it
+            # (cdk.json's context; infra/app.py deploys into spec.region whatever the environment says).
+            stack_region = None if region or str(e) != aws.NO_REGION else cdk_region()
+            if stack_region is None:
+                raise
+            return aws.session(stack_region, profile)
     except LaunchError as e:
         if c is not None:
             raise
         raise _nowhere(cluster, e) from None
+
+
+def cdk_json() -> Path | None:
+    """The project's cdk.json: in the current directory, else the checkout's."""
+    return next((p for p in (Path("cdk.json"), Path(__file__).resolve().parents[2] / "cdk.json") if p.is_file()), None)
+
+
+def cdk_region() -> str | None:
+    """The region cdk.json's context deploys the stack into, or None."""
+    import json
+
+    path = cdk_json()
+    try:
+        region = json.loads(path.read_text()).get("context", {}).get("region") if path else None
+    except (OSError, ValueError):
+        return None
+    return region if isinstance(region, str) and region else None
 
 
 def _nowhere(cluster: str | None, e: LaunchError) -> LaunchError:
