@@ -99,6 +99,10 @@ SHARDS = "/fsx/scaletrain/shards"
 
 def up(home: Path, *args: str) -> dict:
     """`launch local up ARGS` on rehearsal nodes (a first run builds their root: minutes); the cluster's state."""
+    # Tests of the launcher-side path (mpirun from the launcher, as on an AWS stack without shared storage) ask for
+    # no head node; the Slurm tests say --slurm.
+    if "--slurm" not in args and "--loopback" not in args:
+        args = (*args, "--no-slurm")
     proc = launch(home, "local", "up", *args, timeout=3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     name = args[args.index("--name") + 1] if "--name" in args else "local"

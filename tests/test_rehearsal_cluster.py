@@ -35,7 +35,7 @@ def links() -> str:
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     home = tmp_path_factory.mktemp("rehearsal") / "home"
-    proc = launch(home, "local", "up", "--nodes", "2", timeout=3600)
+    proc = launch(home, "local", "up", "--no-slurm", "--nodes", "2", timeout=3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     yield home
     launch(home, "local", "down")
@@ -165,7 +165,7 @@ def test_a_killed_node_is_its_namespace_going_away_and_replace_boots_it_from_the
 
 def test_down_removes_namespaces_bridge_and_processes(tmp_path):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--nodes", "1", "--name", "gone", check=True, timeout=3600)
+    launch(home, "local", "up", "--no-slurm", "--nodes", "1", "--name", "gone", check=True, timeout=3600)
     state = cluster_state(home, "gone")
     netns, bridge = state["rehearsal"]["netns"]["node0"], state["rehearsal"]["bridge"]
     pid = state["processes"]["node0"]

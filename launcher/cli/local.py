@@ -23,16 +23,18 @@ def local_up(nodes: int = typer.Option(2, "--nodes", help="Worker nodes."),
                                            help="sshd processes on 127.0.0.1 sharing this machine's files, "
                                                 "instead of rehearsal nodes (no root needed; no isolation)."),
              base_port: int = typer.Option(None, "--base-port", help="--loopback: first port; default: free ports."),
-             slurm: bool = typer.Option(False, "--slurm",
+             slurm: bool = typer.Option(None, "--slurm/--no-slurm",
                                         help="A head node running Slurm's controller, slurmd on every node, and a "
                                              "keeper on this machine that replaces a lost node as an Auto Scaling "
                                              "group does: `launch train` then submits a Slurm job that the cluster "
-                                             "owns (it outlives the launcher).")):
+                                             "owns (it outlives the launcher), as on AWS. Default: with rehearsal "
+                                             "nodes; --no-slurm runs mpirun from the launcher instead.")):
     """Bring up a local cluster. By default each node is a rehearsal node: its own network namespace, address and
     hostname, sshd on port 22, and a copy-on-write root built by the image recipe (ami/components, built once and
     cached); only the shared directory, at /fsx, is common to the nodes. Needs root."""
     try:
-        c = local.up(nodes, reducers, base_port, name, loopback=loopback, subnet=subnet, with_slurm=slurm)
+        c = local.up(nodes, reducers, base_port, name, loopback=loopback, subnet=subnet,
+                     with_slurm=(not loopback) if slurm is None else slurm)
     except LaunchError as e:
         if str(e).startswith("--"):  # the backend's checks of the options, made before anything starts
             raise usage_error(str(e)) from None
