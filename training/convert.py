@@ -68,7 +68,7 @@ from training.shardwriter import (
     write_json_atomic,
     write_shard,
 )
-from training.sources import discover
+from training.sources import TRAIN_TAR, VAL_TAR, discover, reading_folders
 
 # What other code imports from here: the run, the merge, and (training.loader) the manifest reader.
 __all__ = ["ConvertError", "convert", "load_manifest", "merge_manifests"]
@@ -98,10 +98,9 @@ def convert(
     left to convert and the shards kept from an earlier run. `on_sample` is then called once per input this
     run converts, written or rejected.
     """
-    check_options(shard_size, resize, quality, workers, node_index, node_count)
+    check_options(shard_size, resize, quality, workers, node_index, node_count, seed)
     src, out = Path(src), Path(out)
-    if not src.is_dir():
-        raise ConvertError(f"SRC {src} does not exist")
+    check_paths(src, out)
     on_sample = on_sample or (lambda: None)
     on_start = on_start or (lambda inputs, kept: None)
     encoding = Encoding(resize, quality)
@@ -129,7 +128,10 @@ def convert(
                               [r for s in mine for r in done[s.name]["rejected"]], options, digest)
     if node_count > 1:
         manifest["node"] = {"index": node_index, "count": node_count, "planned": [s.name for s in shards]}
-    write_json_atomic(out / manifest_name, manifest)
+    try:
+        write_json_atomic(out / manifest_name, manifest)
+    except OSError as exc:
+        raise ConvertError(f"cannot write {out / manifest_name}: {exc.strerror or exc}") from None
     for shard in mine:
         journal_path(out, shard.name).unlink(missing_ok=True)
     if node_count == 1:  # with several nodes another may still write into it: the merge removes it
@@ -138,19 +140,37 @@ def convert(
     return manifest
 
 
+def check_paths(src: Path, out: Path) -> None:
+    """ConvertError (one line) when SRC is not a directory, OUT is a file, or OUT lies where the listing reads
+    images (SRC's train/ or val/: the next run would take the shards folder for a class and its tars for images)."""
+    if src.is_file():
+        hint = f"; pass the directory that holds it: {src.parent}" if src.name in (TRAIN_TAR, VAL_TAR) else ""
+        raise ConvertError(f"SRC {src} is a file; SRC is the directory that holds train/ and val/ or {TRAIN_TAR} and "
+                           f"{VAL_TAR}{hint}")
+    if not src.is_dir():
+        raise ConvertError(f"SRC {src} does not exist")
+    if out.exists() and not out.is_dir():
+        raise ConvertError(f"--out {out} is a file, not a directory")
+    where = out.resolve()
+    for read in reading_folders(src):
+        if where == read.resolve() or read.resolve() in where.parents:
+            raise ConvertError(f"--out {out} is inside {read}, where the images are read from; write the shards "
+                               f"outside SRC's train/ and val/ (e.g. beside them)")
+
+
 def convert_shards(src: Path, out: Path, mine: list[ShardPlan], records: dict[str, dict], labels: dict[str, int],
                    encoding: Encoding, workers: int, on_start: Callable[[int, int], None],
                    on_sample: Callable[[], None]) -> dict[str, dict]:
     """Keep the shards whose records verify, write the others; return every shard's record by name."""
     with contextlib.ExitStack() as stack:
-        pool = progress = None
+        pool = None
         if workers > 1 and mine:
-            pool, progress = stack.enter_context(worker_pool(min(workers, len(mine))))
+            pool = stack.enter_context(worker_pool(min(workers, len(mine))))
         candidates = [records[s.name] for s in mine if s.name in records]
         if pool is None:
             checks = [verify(out, r) for r in candidates]
         else:
-            checks = list(pool.map(verify, [out] * len(candidates), candidates))
+            checks = [job.result() for job in [pool.submit(verify, out, r) for r in candidates]]
         kept = {r["name"]: r for r, ok in zip(candidates, checks, strict=True) if ok}
         todo = [s for s in mine if s.name not in kept]
         inputs = sum(len(s.sources) for s in todo)
@@ -160,7 +180,7 @@ def convert_shards(src: Path, out: Path, mine: list[ShardPlan], records: dict[st
                 written = [write_shard(src, out, s, labels, encoding, on_sample) for s in todo]
         else:
             jobs = [pool.submit(worker_write, src, out, s, labels, encoding) for s in todo]
-            written = run_parallel(progress, jobs, inputs, on_sample)
+            written = run_parallel(pool.progress, jobs, inputs, on_sample)
     return {**kept, **{r["name"]: r for r in written}}
 
 

@@ -12,11 +12,14 @@ import ctypes
 import hashlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,7 +28,7 @@ from pathlib import Path
 from PIL import Image, ImageFile
 
 from training import jpegresize
-from training.sample import write_atomic
+from training.sample import file_mode, write_atomic
 from training.shards import (
     JOURNAL,
     MAX_PIXELS,
@@ -92,6 +95,7 @@ def write_shard(
     handles: dict = {}
     fd, partial = tempfile.mkstemp(dir=out, prefix=f".{shard.name}.", suffix=".partial")
     try:
+        os.fchmod(fd, file_mode())  # mkstemp's 0600 would stay the shard's mode after the rename
         # Resizing uses torch: one thread per writer, the writers being one process per core.
         threads = jpegresize.one_thread() if encoding.resize is not None else contextlib.nullcontext()
         with os.fdopen(fd, "wb") as f, threads:
@@ -225,8 +229,41 @@ def die_with_parent(parent: int) -> None:
 def init_worker(progress: multiprocessing.Queue, parent: int) -> None:
     global _progress
     _progress = progress
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; the workers die with it
+    # Ctrl-C is the parent's to handle: it stops the workers. SIGINT reached this process blocked (sigint_held), so
+    # one sent during start-up is still pending; ignoring it discards it (POSIX, sigaction: "Setting a signal action
+    # to SIG_IGN for a signal that is pending shall cause the pending signal to be discarded";
+    # https://pubs.opengroup.org/onlinepubs/9699919799/functions/sigaction.html).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent(parent)
+
+
+@contextmanager
+def sigint_held() -> Iterator[None]:
+    """A Ctrl-C that comes while a worker process starts takes effect once it has started, in this process only.
+
+    A terminal's Ctrl-C goes to every process of the foreground process group, the workers too, and a worker that
+    is still importing when it arrives dies of KeyboardInterrupt ("Fatal Python error: init_import_site") before
+    its initializer could ignore SIGINT. A child inherits its parent's signal mask through fork and keeps it through
+    execve (signal(7): https://man7.org/linux/man-pages/man7/signal.7.html), so one started while this thread blocks
+    SIGINT starts with it blocked, until init_worker ignores it. CPython starts its resource tracker the same way
+    (Lib/multiprocessing/resource_tracker.py, ensure_running). The mask alone does not keep a KeyboardInterrupt out
+    of the start itself: another thread of this process (numpy's, torch's) may take the signal, and Python raises
+    it in the main thread wherever it is, e.g. before the new worker was sent what to run (it then dies with an
+    EOFError traceback). So for the duration Python's handler only notes the signal; it is raised here after.
+    """
+    noted: list[int] = []
+    main = threading.current_thread() is threading.main_thread()  # only the main thread may set a handler
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum)) if main else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held back is noted now
+        if main:
+            signal.signal(signal.SIGINT, handler)
+        if noted:
+            signal.raise_signal(signal.SIGINT)  # as if it came now: KeyboardInterrupt under Python's handler
 
 
 def worker_write(src: Path, out: Path, shard: ShardPlan, labels: dict[str, int], encoding: Encoding) -> dict:
@@ -246,21 +283,56 @@ def worker_write(src: Path, out: Path, shard: ShardPlan, labels: dict[str, int],
     return record
 
 
+STOP_GRACE_S = 2.0  # after SIGTERM, how long a worker may take to die before it gets SIGKILL
+
+
+class WorkerPool:
+    """Worker processes that write or verify whole shards (ProcessPoolExecutor, spawned), started with SIGINT held
+    back and stopped at once on Ctrl-C or any error."""
+
+    def __init__(self, workers: int):
+        ctx = multiprocessing.get_context("spawn")  # no fork: the parent may run threads (a progress bar)
+        self.progress = ctx.Queue()
+        self.pool = futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker,
+                                                initargs=(self.progress, os.getpid()))
+
+    def submit(self, fn: Callable, *args) -> futures.Future:
+        with sigint_held():  # a worker process may start here (spawned workers start on demand)
+            return self.pool.submit(fn, *args)
+
+    def stop(self) -> None:
+        """Cancel what has not started and end the workers now, without waiting for the shards they are writing
+        (shutdown alone waits for those: Ctrl-C near the end waited for every shard). A killed worker leaves at
+        most a temporary file, which the next run removes. Python 3.14's terminate_workers() does the same."""
+        processes = list((self.pool._processes or {}).values())  # noqa: SLF001 - no public handle before 3.14
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in still_running(processes, STOP_GRACE_S):
+            process.kill()
+
+
+def still_running(processes: list, timeout: float) -> list:
+    """The processes that have not ended within `timeout` seconds (a process's sentinel is ready when it ends)."""
+    deadline, left = time.monotonic() + timeout, list(processes)
+    while left and (remaining := deadline - time.monotonic()) > 0:
+        ready = multiprocessing.connection.wait([p.sentinel for p in left], timeout=remaining)
+        left = [p for p in left if p.sentinel not in ready]
+    return left
+
+
 @contextmanager
-def worker_pool(workers: int) -> Iterator[tuple[futures.ProcessPoolExecutor, multiprocessing.Queue]]:
-    ctx = multiprocessing.get_context("spawn")  # no fork: the parent may run threads (a progress bar)
-    progress = ctx.Queue()
-    pool = futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker,
-                                       initargs=(progress, os.getpid()))
+def worker_pool(workers: int) -> Iterator[WorkerPool]:
+    pool = WorkerPool(workers)
     try:
-        yield pool, progress
+        yield pool
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.stop()
         raise
     else:
-        pool.shutdown()
+        pool.pool.shutdown()
     finally:
-        progress.close()
+        pool.progress.close()
 
 
 def run_parallel(progress, jobs: list[futures.Future], expected_ticks: int, on_sample) -> list:

@@ -1,5 +1,5 @@
 """The `launch` command line: one typer app per command group, each module thin (parse, call, print); errors are one
-line. `main` is the console script (pyproject.toml: launch = "launcher.cli:main")."""
+line. `main` is what the console script runs (pyproject.toml: launch = "launcher.__main__:run")."""
 
 from __future__ import annotations
 
