@@ -13,7 +13,7 @@ import webdataset as wds
 from PIL import Image
 
 from training.convert import convert, merge_manifests
-from training.sample import IMAGENET_WNIDS, make_sample, wnids
+from training.sample import IMAGENET_WNIDS, SAMPLE_RECORD, make_sample, wnids
 from training.shards import (
     class_index,
     load_manifest,
@@ -53,6 +53,11 @@ def shards(sample, tmp_path_factory) -> tuple[Path, dict]:
 def files_under(root: Path) -> dict[str, bytes]:
     """Every file under `root` (hidden ones too), by relative path."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def images_under(root: Path) -> dict[str, bytes]:
+    """The sample's images (without its record, SAMPLE_RECORD), by relative path."""
+    return {path: data for path, data in files_under(root).items() if path.endswith(".JPEG")}
 
 
 def read_shard(path: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
@@ -95,6 +100,7 @@ def test_sample_has_the_ilsvrc2012_layout_and_names(sample):
         f"val/{w}/ILSVRC2012_val_{next(val_numbers):08d}.JPEG" for w in classes for _ in range(VAL_PER_CLASS)
     }
 
+    expected.add(SAMPLE_RECORD)  # what the sample holds, for a later `launch data sample` into it
     assert set(files_under(out)) == expected  # nothing else, no temporary files left behind
     assert summary == {
         "classes": classes,
@@ -102,12 +108,12 @@ def test_sample_has_the_ilsvrc2012_layout_and_names(sample):
         "val": CLASSES * VAL_PER_CLASS,
         "out": str(out),
     }
-    assert images_reported == len(expected)
+    assert images_reported == len(expected) - 1
 
 
 def test_sample_images_are_rgb_jpegs_of_varied_imagenet_like_shapes(sample):
     sizes = set()
-    for data in files_under(sample[0]).values():
+    for data in images_under(sample[0]).values():
         with Image.open(io.BytesIO(data)) as image:
             assert (image.format, image.mode) == ("JPEG", "RGB")
             width, height = image.size
@@ -166,10 +172,10 @@ def test_sample_classes_are_separable_at_low_resolution(tmp_path):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"classes": 1, "per_class": 1}, "classes must be between 2 and 1000, got 1"),
-        ({"classes": 1001, "per_class": 1}, "classes must be between 2 and 1000, got 1001"),
-        ({"classes": 2, "per_class": 0}, "per_class must be 1 or more, got 0"),
-        ({"classes": 2, "per_class": 1, "val_per_class": -1}, "val_per_class must be 0 or more, got -1"),
+        ({"classes": 1, "per_class": 1}, "--classes must be between 2 and 1000, got 1"),
+        ({"classes": 1001, "per_class": 1}, "--classes must be between 2 and 1000, got 1001"),
+        ({"classes": 2, "per_class": 0}, "--per-class must be >= 1, got 0"),
+        ({"classes": 2, "per_class": 1, "val_per_class": -1}, "--val-per-class must be >= 0, got -1"),
     ],
 )
 def test_sample_rejects_bad_options_in_one_line(tmp_path, options, message):
@@ -298,7 +304,7 @@ def test_manifest_describes_the_shards_on_disk(sample, shards):
 
 
 def test_clean_jpegs_pass_through_byte_for_byte(sample, shards):
-    sources = {Path(path).stem: data for path, data in files_under(sample[0]).items()}
+    sources = {Path(path).stem: data for path, data in images_under(sample[0]).items()}
     stored = shard_samples(*shards)
     assert {key: jpg for key, (jpg, _) in stored.items()} == sources
 
@@ -430,14 +436,15 @@ def test_three_nodes_write_disjoint_shards_that_merge_into_the_single_node_manif
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"shard_size": 0}, "shard_size must be 1 or more, got 0"),
-        ({"node_count": 0}, "node_count must be 1 or more, got 0"),
-        ({"node_index": 3, "node_count": 3}, "node_index must be between 0 and node_count - 1 (2), got 3"),
-        ({"node_index": -1, "node_count": 3}, "node_index must be between 0 and node_count - 1 (2), got -1"),
-        ({"resize": 0}, "resize must be 1 or more, got 0"),
-        ({"quality": 101}, "quality must be between 1 and 100, got 101"),
-        ({"quality": 0}, "quality must be between 1 and 100, got 0"),
-        ({"workers": 0}, "workers must be 1 or more, got 0"),
+        ({"shard_size": 0}, "--shard-size must be >= 1, got 0"),
+        ({"node_count": 0}, "--node-count must be >= 1, got 0"),
+        ({"node_index": 3, "node_count": 3}, "--node-index must be between 0 and 2 (--node-count 3), got 3"),
+        ({"node_index": -1, "node_count": 3}, "--node-index must be between 0 and 2 (--node-count 3), got -1"),
+        ({"resize": 0}, "--resize must be >= 1, got 0"),
+        ({"quality": 101}, "--quality must be between 1 and 100, got 101"),
+        ({"quality": 0}, "--quality must be between 1 and 100, got 0"),
+        ({"workers": 0}, "--workers must be >= 1, got 0"),
+        ({"seed": -1}, "--seed must be >= 0, got -1"),
     ],
 )
 def test_convert_rejects_bad_options_in_one_line(sample, tmp_path, options, message):

@@ -40,7 +40,7 @@ def test_convert_prints_what_it_wrote_and_every_rejection(source, tmp_path):
     proc = launch(tmp_path / "home", "data", "convert", str(src), "--out", str(tmp_path / "out"), "--workers", "2",
                   *CLI_OPTIONS, check=True)
     assert f"wrote {tmp_path / 'out'}/manifest.json (train: 15 samples in 5 shards, val: 6 samples in 3 shards); " \
-           "1 input(s) rejected" in proc.stdout
+           "1 input rejected" in proc.stdout
     assert "rejected val/n01443537/ILSVRC2012_val_00000099.JPEG: truncated or corrupt image" in proc.stderr
     assert files_under(tmp_path / "out") == files_under(single)
 
@@ -66,9 +66,9 @@ def test_by_hand_on_two_nodes_then_merge(source, tmp_path):
     [
         (["--out", "o"], "missing argument SRC"),
         (["nowhere", "--out", "o"], "SRC nowhere does not exist"),
-        (["{src}", "--out", "{tmp}/o", "--quality", "0"], "quality must be between 1 and 100, got 0"),
+        (["{src}", "--out", "{tmp}/o", "--quality", "0"], "--quality must be between 1 and 100, got 0"),
         (["{src}", "--out", "{tmp}/o", "--node-index", "2", "--node-count", "2"],
-         "node_index must be between 0 and node_count - 1 (1), got 2"),
+         "--node-index must be between 0 and 1 (--node-count 2), got 2"),
         (["{src}", "--out", "o", "--merge"], "--merge takes only --out and --node-count"),
         (["{src}", "--out", "/fsx/o", "--cluster", "nosuch"], "unknown cluster 'nosuch'"),
         # With --cluster the paths are the nodes': a relative one would be resolved against this machine.

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import colorsys
 import io
+import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,10 @@ IMAGENET_WNIDS = (
 )  # fmt: skip
 
 MIN_CLASSES, MAX_CLASSES = 2, 1000
+# Beside train/ and val/, the record of what this module wrote there: the options of every run whose images may be
+# in the directory (one when it finished; two while a run replaces an earlier one), so a later run replaces exactly
+# those files and leaves anything else alone.
+SAMPLE_RECORD = ".launch-data-sample.json"
 JPEG_QUALITY = 90
 SPLITS = {"train": 0, "val": 1}  # split -> id in the per-image RNG seed
 
@@ -105,10 +110,36 @@ def render(rng: np.random.Generator, style: dict) -> Image.Image:
     return Image.fromarray(np.clip(pixels, 0, 255).round().astype(np.uint8))
 
 
+class OptionError(ValueError):
+    """An option out of its range; the message names it as the user types it (--per-class, not per_class)."""
+
+
+def file_mode() -> int:
+    """The mode a new file gets under this process's umask (0644 under umask 022), as open() gives it.
+
+    tempfile.mkstemp creates its file "readable and writable only by the creating user ID" (0600; Python docs,
+    tempfile.mkstemp: https://docs.python.org/3/library/tempfile.html#tempfile.mkstemp), so a file written through
+    one and renamed into place must be given this mode. The umask is read from /proc/self/status ("Umask", Linux
+    4.7 and later; proc(5): https://man7.org/linux/man-pages/man5/proc.5.html), since setting it to read it back
+    (umask(2)) would change it for a moment for every thread.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file beside it, so readers never see half a file."""
+    """Write `data` to `path` through a temporary file beside it, so readers never see half a file; the file gets
+    the mode the umask gives a new file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
@@ -123,6 +154,82 @@ def jpeg_bytes(image: Image.Image) -> bytes:
     return buf.getvalue()
 
 
+def layout(classes: int, per_class: int, val_per_class: int) -> Iterator[tuple[str, int, str, int, str]]:
+    """(split, class index, wnid, image index in its class, path under OUT) of every image, in writing order."""
+    val_number = 0
+    for split, count in (("train", per_class), ("val", val_per_class)):
+        for cls, wnid in enumerate(wnids(classes)):
+            for i in range(count):
+                if split == "train":
+                    name = f"{wnid}_{i + 1}.JPEG"
+                else:
+                    val_number += 1
+                    name = f"ILSVRC2012_val_{val_number:08d}.JPEG"
+                yield split, cls, wnid, i, f"{split}/{wnid}/{name}"
+
+
+def default_val_per_class(per_class: int) -> int:
+    """Validation images per class when not given: a fifth of the training images, at least 2."""
+    return max(2, per_class // 5)
+
+
+def check_sample_options(classes: int, per_class: int, val_per_class: int, seed: int) -> None:
+    if not MIN_CLASSES <= classes <= MAX_CLASSES:
+        raise OptionError(f"--classes must be between {MIN_CLASSES} and {MAX_CLASSES}, got {classes}")
+    if per_class < 1:
+        raise OptionError(f"--per-class must be >= 1, got {per_class}")
+    if val_per_class < 0:
+        raise OptionError(f"--val-per-class must be >= 0, got {val_per_class}")
+    if seed < 0:
+        raise OptionError(f"--seed must be >= 0, got {seed}")
+
+
+def sample_paths(runs: list[dict]) -> set[str]:
+    """Every image path (under OUT) the runs in a sample record write."""
+    return {path for run in runs for *_, path in layout(run["classes"], run["per_class"], run["val_per_class"])}
+
+
+def earlier_runs(out: Path) -> list[dict]:
+    """The runs whose images OUT may hold: [] for a new or empty directory; ValueError (one line) when OUT holds
+    anything this module did not write there, which it never deletes or mixes into a sample."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory")
+    if not out.exists() or not any(out.iterdir()):
+        return []
+    try:
+        runs = json.loads((out / SAMPLE_RECORD).read_text())["runs"]
+        ours = sample_paths(runs)
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"--out {out} is not empty and holds no sample of launch data sample; choose a new or empty "
+                         "directory") from None
+    present = {p.relative_to(out).as_posix() for split in ("train", "val") for p in (out / split).rglob("*")
+               if not p.is_dir() and not (p.name.startswith(".") and p.name.endswith(".partial"))}
+    extra = sorted(present - ours)
+    if extra:
+        more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+        raise ValueError(f"--out {out} holds files launch data sample did not write ({extra[0]}{more}); choose a new "
+                         "or empty directory")
+    return runs
+
+
+def remove_earlier(out: Path, earlier: list[dict], now: dict) -> None:
+    """Delete what the earlier runs wrote that this one did not (and partial files a killed run left)."""
+    keep = sample_paths([now])
+    for path in sorted(sample_paths(earlier) - keep):
+        (out / path).unlink(missing_ok=True)
+    for split, count in (("train", now["per_class"]), ("val", now["val_per_class"])):
+        if not (out / split).is_dir():
+            continue
+        for partial in (out / split).glob("*/.*.partial"):
+            partial.unlink(missing_ok=True)
+        folders = {w for w in wnids(now["classes"])} if count else set()
+        for folder in sorted((out / split).iterdir()):
+            if folder.is_dir() and folder.name not in folders and not any(folder.iterdir()):
+                folder.rmdir()
+        if not count and not any((out / split).iterdir()):
+            (out / split).rmdir()
+
+
 def make_sample(
     out: Path,
     *,
@@ -134,38 +241,39 @@ def make_sample(
 ) -> dict:
     """Write the synthetic data set under `out`; return {"classes", "train", "val", "out"}.
 
-    `val_per_class` defaults to max(2, per_class // 5). `on_image` is called once per written image.
+    `val_per_class` defaults to default_val_per_class(per_class). `on_image` is called once per written image. OUT
+    may be new, empty, or an earlier sample (also one a Ctrl-C or kill cut short): the result is exactly this
+    sample, and files it holds besides train/ and val/ stay. OUT holding anything else is refused (ValueError).
     """
-    if not MIN_CLASSES <= classes <= MAX_CLASSES:
-        raise ValueError(f"classes must be between {MIN_CLASSES} and {MAX_CLASSES}, got {classes}")
-    if per_class < 1:
-        raise ValueError(f"per_class must be 1 or more, got {per_class}")
     if val_per_class is None:
-        val_per_class = max(2, per_class // 5)
-    if val_per_class < 0:
-        raise ValueError(f"val_per_class must be 0 or more, got {val_per_class}")
-    if seed < 0:
-        raise ValueError(f"seed must be 0 or more, got {seed}")
-
+        val_per_class = default_val_per_class(per_class)
+    check_sample_options(classes, per_class, val_per_class, seed)
     out = Path(out)
-    names = wnids(classes)
-    counts = {"train": per_class, "val": val_per_class}
-    val_number = 0
-    for split, count in counts.items():
-        for cls, wnid in enumerate(names):
-            folder = out / split / wnid
-            folder.mkdir(parents=True, exist_ok=True)
-            style = class_style(cls, classes)
-            for i in range(count):
-                if split == "train":
-                    name = f"{wnid}_{i + 1}.JPEG"
-                else:
-                    val_number += 1
-                    name = f"ILSVRC2012_val_{val_number:08d}.JPEG"
-                rng = np.random.default_rng([seed, SPLITS[split], cls, i])
-                write_atomic(folder / name, jpeg_bytes(render(rng, style)))
-                if on_image is not None:
-                    on_image()
+    now = {"classes": classes, "per_class": per_class, "val_per_class": val_per_class, "seed": seed}
+    try:
+        earlier = earlier_runs(out)
+    except OSError as exc:
+        raise ValueError(f"cannot read {out}: {exc.strerror or exc}") from None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create {out}: {exc.strerror or exc}") from None
+    try:
+        record = out / SAMPLE_RECORD
+        write_atomic(record, json.dumps({"runs": [r for r in earlier if r != now] + [now]}).encode())
+        names = wnids(classes)
+        for split, count in (("train", per_class), ("val", val_per_class)):
+            for wnid in names if count else []:  # no val/ for --val-per-class 0: the converter lists no val split
+                (out / split / wnid).mkdir(parents=True, exist_ok=True)
+        for split, cls, _, i, path in layout(classes, per_class, val_per_class):
+            rng = np.random.default_rng([seed, SPLITS[split], cls, i])
+            write_atomic(out / path, jpeg_bytes(render(rng, class_style(cls, classes))))
+            if on_image is not None:
+                on_image()
+        remove_earlier(out, earlier, now)
+        write_atomic(record, json.dumps({"runs": [now]}).encode())
+    except OSError as exc:
+        raise ValueError(f"cannot write in {out}: {exc.strerror or exc}") from None
     return {
         "classes": names,
         "train": classes * per_class,

@@ -20,6 +20,7 @@ from PIL import Image
 from pydantic import BaseModel, ValidationError
 
 from training import jpegresize
+from training.sample import OptionError  # an option out of its range, named as the user types it
 from training.sources import SPLITS, Source
 
 FORMAT, VERSION = "webdataset", 1
@@ -240,21 +241,23 @@ def node_manifest_name(node_index: int, node_count: int) -> str:
 
 
 def check_options(shard_size: int, resize: int | None, quality: int, workers: int, node_index: int,
-                  node_count: int) -> None:
+                  node_count: int, seed: int = 0) -> None:
+    """OptionError naming the first option out of its range as `launch data convert` takes it."""
     if shard_size < 1:
-        raise ConvertError(f"shard_size must be 1 or more, got {shard_size}")
+        raise OptionError(f"--shard-size must be >= 1, got {shard_size}")
     if resize is not None and resize < 1:
-        raise ConvertError(f"resize must be 1 or more, got {resize}")
+        raise OptionError(f"--resize must be >= 1, got {resize}")
     if not 1 <= quality <= 100:
-        raise ConvertError(f"quality must be between 1 and 100, got {quality}")
+        raise OptionError(f"--quality must be between 1 and 100, got {quality}")
+    if seed < 0:  # as `launch data sample --seed`; random.Random takes any integer, but a seed is a count here
+        raise OptionError(f"--seed must be >= 0, got {seed}")
     if workers < 1:
-        raise ConvertError(f"workers must be 1 or more, got {workers}")
+        raise OptionError(f"--workers must be >= 1, got {workers}")
     if node_count < 1:
-        raise ConvertError(f"node_count must be 1 or more, got {node_count}")
+        raise OptionError(f"--node-count must be >= 1, got {node_count}")
     if not 0 <= node_index < node_count:
-        raise ConvertError(
-            f"node_index must be between 0 and node_count - 1 ({node_count - 1}), got {node_index}"
-        )
+        raise OptionError(f"--node-index must be between 0 and {node_count - 1} (--node-count {node_count}), "
+                          f"got {node_index}")
 
 
 # ---------------------------------------------------------------------------------------------------------

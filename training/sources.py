@@ -25,6 +25,7 @@ the labels file (all 1000 for the real files), so class indices do not depend on
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 import tarfile
@@ -69,9 +70,22 @@ class ValLabels:
     wnids: set[str]  # every WNID the file names
 
 
+def reading_folders(src: Path) -> list[Path]:
+    """The folders under SRC whose every file the listing reads as an image: train/ and val/ (Kaggle's, if there)."""
+    root = src / KAGGLE_ROOT if (src / KAGGLE_ROOT).is_dir() else src
+    return [root / split for split in SPLITS]
+
+
 def discover(src: Path) -> Listing:
-    """Every input under SRC, per split, with the class list; ValueError (one line) if SRC holds no data set."""
-    src = Path(src)
+    """Every input under SRC, per split, with the class list; ValueError (one line) if SRC holds no data set or a
+    folder of it cannot be read."""
+    try:
+        return discover_inputs(Path(src))
+    except OSError as exc:
+        raise ValueError(f"cannot read {exc.filename or src}: {exc.strerror or exc}") from None
+
+
+def discover_inputs(src: Path) -> Listing:
     root = src / KAGGLE_ROOT if (src / KAGGLE_ROOT).is_dir() else src
     wnids: set[str] = set()
     sources: dict[str, list[Source]] = {}
@@ -99,6 +113,9 @@ def discover(src: Path) -> Listing:
         flat = val_dir.is_dir() and any(p.is_file() for p in val_dir.iterdir())
         if flat or (src / VAL_TAR).is_file():
             where = f"{rel(val_dir, src)}/" if flat else VAL_TAR
+            if not flat:  # random bytes under the tar's name: say that, not that labels are missing
+                with open(src / VAL_TAR, "rb", buffering=BLOCK) as f, open_tar(f, VAL_TAR):
+                    pass
             labels = find_val_labels(src)
             if labels is None:
                 raise ValueError(
@@ -130,41 +147,66 @@ def scan(folder: Path | str) -> list[os.DirEntry]:
         return sorted(entries, key=lambda e: e.name)
 
 
+def link_problem(path: Path | str) -> str | None:
+    """Why a path the listing found cannot be opened as what it names (a symbolic link whose target is gone, or a
+    loop of them), or None when it can."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symbolic link loop"
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            return f"broken symbolic link: {os.readlink(path)} does not exist"
+        return f"unreadable: {exc.strerror or exc}"
+    return None
+
+
 def list_class_folders(src: Path, split_dir: Path, split: str) -> tuple[list[Source], set[str]]:
-    """SPLIT/<wnid>/* ; files outside a class folder or in a subfolder of one are listed with a problem."""
+    """SPLIT/<wnid>/* ; files outside a class folder or in a subfolder of one, broken symbolic links and empty class
+    folders are listed with a problem."""
     found: list[Source] = []
     wnids: set[str] = set()
     for entry in scan(split_dir):
-        if not entry.is_dir():
-            found.append(file_source(src, Path(entry.path), split, "", "outside a class folder"))
+        broken = link_problem(entry.path) if entry.is_symlink() else None
+        if broken is not None or not entry.is_dir():
+            found.append(file_source(src, Path(entry.path), split, "", broken or "outside a class folder"))
             continue
         wnids.add(entry.name)
+        before = len(found)
         for f in scan(entry.path):
-            if f.is_dir():
-                for p in sorted(q for q in Path(f.path).rglob("*") if q.is_file()):
+            broken = link_problem(f.path) if f.is_symlink() else None
+            if broken is not None:
+                found.append(file_source(src, Path(f.path), split, entry.name, broken))
+            elif f.is_dir():
+                for p in sorted(q for q in Path(f.path).rglob("*") if not q.is_dir()):
                     found.append(file_source(src, p, split, entry.name, "in a subfolder of its class folder"))
             else:
                 found.append(Source(split, rel(Path(f.path), src), entry.name, Path(f.name).stem, f.stat().st_size))
+        if len(found) == before:  # the class keeps its index; say that it has nothing in this split
+            found.append(Source(split, rel(Path(entry.path), src) + "/", entry.name, entry.name, 0,
+                                f"empty class folder: no {split} images of {entry.name}"))
     return found, wnids
 
 
 def list_flat_folder(src: Path, split_dir: Path, labels: ValLabels) -> list[Source]:
     found = []
     for p in sorted(split_dir.rglob("*")):
-        if not p.is_file():
+        if p.is_dir():
             continue
         wnid = labels.by_key.get(p.stem, "") if p.parent == split_dir else ""
-        problem = None
-        if p.parent != split_dir:
+        problem = link_problem(p) if p.is_symlink() else None
+        if problem is None and p.parent != split_dir:
             problem = "in a subfolder of the flat validation folder"
-        elif not wnid:
+        elif problem is None and not wnid:
             problem = f"no label in {labels.name}"
         found.append(file_source(src, p, "val", wnid, problem))
     return found
 
 
 def file_source(src: Path, path: Path, split: str, wnid: str, problem: str | None) -> Source:
-    return Source(split, rel(path, src), wnid, path.stem, path.stat().st_size, problem)
+    broken = link_problem(path) if path.is_symlink() else None
+    size = 0 if broken is not None else path.stat().st_size
+    return Source(split, rel(path, src), wnid, path.stem, size, broken or problem)
 
 
 def member_stem(name: str) -> str:
@@ -213,6 +255,8 @@ def list_class_tar(f, member: tarfile.TarInfo, path: str, wnid: str, container: 
         reason = " ".join(str(exc).split()) or type(exc).__name__
         found.append(Source("train", path, wnid, wnid, member.size,
                             f"unreadable class tar after {len(found)} member(s): {reason}"))
+    if not found:  # as an empty class folder: the class keeps its index, and the listing says it has no images
+        found.append(Source("train", path, wnid, wnid, member.size, f"empty class tar: no train images of {wnid}"))
     return found
 
 

@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from launcher import cluster as clusters
-from launcher.cli.common import console, err
+from launcher.cli.common import console, err, usage_error
 from launcher.errors import LaunchError
 
 app = typer.Typer(no_args_is_help=True, help="Sample data in the ILSVRC2012 layout; conversion to shards.")
@@ -58,36 +58,54 @@ def _progress(what: str, total: int) -> Iterator[_Tick]:
         yield _Tick(bar, what, total)
 
 
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """'1 shard', '2 shards'."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def out_dir(out: str) -> Path:
+    """--out as a directory; an empty string would be the current directory, which nobody means."""
+    if not out.strip():
+        raise usage_error("--out is empty: name the directory to write")
+    return Path(out)
+
+
 @app.command("sample")
-def data_sample(out: Path = typer.Option(..., "--out", help="Directory to create (ILSVRC2012 layout)."),
+def data_sample(out: str = typer.Option(..., "--out", help="Directory to create (ILSVRC2012 layout): new, empty, "
+                                                           "or an earlier sample, which this one replaces."),
                 classes: int = typer.Option(10, "--classes", help="Number of classes (2..1000)."),
                 per_class: int = typer.Option(100, "--per-class", help="Training images per class."),
                 val_per_class: int = typer.Option(None, "--val-per-class",
-                                                  help="Validation images per class; default per-class/5."),
+                                                  help="Validation images per class; default: a fifth of "
+                                                       "--per-class, at least 2."),
                 seed: int = typer.Option(0, "--seed", help="Same seed, same bytes.")):
     """Write a synthetic data set in the real ILSVRC2012 layout, learnable by a small network."""
-    from training.sample import make_sample
+    from training.sample import OptionError, default_val_per_class, make_sample
 
-    total = classes * (per_class + (val_per_class if val_per_class is not None else max(2, per_class // 5)))
-    with _progress("sample", total) as tick:
+    where = out_dir(out)
+    val = val_per_class if val_per_class is not None else default_val_per_class(per_class)
+    with _progress("sample", classes * (per_class + val)) as tick:
         try:
-            summary = make_sample(out, classes=classes, per_class=per_class, val_per_class=val_per_class,
+            summary = make_sample(where, classes=classes, per_class=per_class, val_per_class=val_per_class,
                                   seed=seed, on_image=tick)
+        except OptionError as e:
+            raise usage_error(str(e)) from None
         except ValueError as e:
             raise LaunchError(str(e)) from None
     console.print(f"wrote {summary['train']} training and {summary['val']} validation images "
-                  f"in {classes} classes to {out}")
+                  f"in {plural(classes, 'class', 'classes')} to {where}")
 
 
 @app.command("convert")
 def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet as you have it (see above)."),
-                 out: Path = typer.Option(..., "--out", help="Directory for the shards and manifest.json."),
+                 out: str = typer.Option(..., "--out", help="Directory for the shards and manifest.json (not in "
+                                                            "SRC's train/ or val/)."),
                  shard_size: int = typer.Option(1000, "--shard-size", help="Samples per shard."),
                  resize: int = typer.Option(None, "--resize", metavar="PX",
                                             help="Shrink images whose shorter side is over PX to PX (e.g. 256-480) "
                                                  "and re-encode them; default: keep every image as it is."),
                  quality: int = typer.Option(95, "--quality", metavar="Q", help="JPEG quality of re-encoded images."),
-                 seed: int = typer.Option(0, "--seed", help="Shuffle seed."),
+                 seed: int = typer.Option(0, "--seed", help="Shuffle seed (0 or more)."),
                  workers: int = typer.Option(None, "--workers", metavar="W",
                                              help="Processes; default: one per core (with --cluster: the node's)."),
                  node_index: int = typer.Option(0, "--node-index", metavar="I",
@@ -107,11 +125,13 @@ def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet 
     read without extracting. Run again after an interruption: finished shards are verified and kept.
     """
     from training.convert import convert, merge_manifests
+    from training.shards import OptionError, check_options
 
     def summary(manifest: dict, where: str) -> None:
-        splits = ", ".join(f"{k}: {v['samples']} samples in {v['shards']} shards"
+        splits = ", ".join(f"{k}: {plural(v['samples'], 'sample')} in {plural(v['shards'], 'shard')}"
                            for k, v in manifest["splits"].items())
-        console.print(f"wrote {where} ({splits or 'no shards'}); {len(manifest['rejected'])} input(s) rejected")
+        rejected = plural(len(manifest["rejected"]), "input")
+        console.print(f"wrote {where} ({splits or 'no shards'}); {rejected} rejected")
         shown = 20
         for r in manifest["rejected"][:shown]:
             err.print(f"  rejected {r['path']}: {r['reason']}", markup=False, highlight=False)
@@ -119,6 +139,14 @@ def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet 
             err.print(f"  ... and {len(manifest['rejected']) - shown} more, listed in {where}", markup=False,
                       highlight=False)
 
+    out = out_dir(out)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        # Checked here too with --cluster, so that a bad option is one line, not one per node.
+        check_options(shard_size, resize, quality, workers if workers is not None else cores, node_index,
+                      node_count, seed)
+    except OptionError as e:
+        raise usage_error(str(e)) from None
     try:
         if merge:
             if cluster is not None or src is not None:
@@ -143,20 +171,18 @@ def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet 
                                workers=workers)
             summary(convert_on_cluster(clusters.load(cluster), spec), f"{spec.out}/manifest.json")
             return
-        if not src.exists():
-            raise LaunchError(f"SRC {src} does not exist")
 
         def started(inputs: int, kept: int) -> None:
             if kept:
-                err.print(f"resuming: {kept} finished shard(s) verified and kept", markup=False, highlight=False)
+                err.print(f"resuming: {plural(kept, 'finished shard')} verified and kept", markup=False,
+                          highlight=False)
             tick.restart(inputs)
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if err.is_terminal:
             err.print(f"listing {src} ...", markup=False, highlight=False)  # 1.28M files take a while
         with _progress("convert", 0) as tick:
             manifest = convert(src, out, shard_size=shard_size, seed=seed, resize=resize, quality=quality,
-                               workers=workers or cores, node_index=node_index,
+                               workers=workers if workers is not None else cores, node_index=node_index,
                                node_count=node_count, on_start=started, on_sample=tick)
     except ValueError as e:
         raise LaunchError(str(e)) from None
