@@ -157,3 +157,28 @@ def test_a_stack_without_a_head_node_runs_mpirun_from_here_and_says_nothing_new(
     assert train() == 1
     assert head.scripts == [] and len(head.trained) == 1
     assert "Slurm" not in capsys.readouterr().err
+
+
+def test_launch_run_on_a_stack_with_a_head_node_is_a_slurm_job_with_the_efa_environment(head, monkeypatch, tmp_path,
+                                                                                        capsys):
+    """`launch run` on AWS: the working directory goes to the stack's FSx, and the job's mpirun starts the user's
+    command once per GPU (8 on p4d) through launcher.execute.userrank, with the run's EFA settings."""
+    from launcher.execute import sync
+    from launcher.plans import userjob
+
+    sent = []
+    monkeypatch.setattr(sync, "push", lambda c, node, root, shared: sent.append((node.name, shared)) or sync.Synced(
+        f"{shared}/work/proj-1", userjob.sync_plan({"train.py": (1, 1)}, {})))
+    deploy(head=True, storage="fsx")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert cli.main(["run", "--cluster", "c1", "--workdir", str(tmp_path), "--", "python", "train.py"]) == 0
+    assert sent == [("node0", "/fsx/scaletrain")]
+    [(output, script)] = head.scripts
+    lines = script.splitlines()
+    assert output.startswith("/fsx/scaletrain/runs/") and output.endswith("-run")
+    assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=8" in lines
+    assert "--rendezvous-port 29500 --no-resume --" in script
+    assert "-np 16" in script and "FI_EFA_USE_HUGE_PAGE=0" in script and "/opt/amazon/openmpi/bin/mpirun" in script
+    assert script.rstrip().endswith("-m launcher.execute.userrank --workdir /fsx/scaletrain/work/proj-1 --python-bin "
+                                    "/opt/scaletrain/venv/bin --reducers 0 -- python train.py")
+    assert "job 42 succeeded" in capsys.readouterr().out
