@@ -130,7 +130,7 @@ def test_raw_imagenet_is_converted_on_every_node_once_and_trains(env, installed,
 
     # launch train's run step uses them, its mpirun reaching node1 through the installed node access files.
     spec = plan.TrainSpec(data=shards, output=str(root / "beegfs" / "scaletrain" / "runs" / "r1"), model="resnet18",
-                          image_size=32, epochs=1, batch_per_gpu=8, warmup_epochs=1, workers=1)
+                          image_size=32, epochs=1, batch_per_gpu=8, warmup_epochs=0.5, workers=1)
     result = run.train(c, c.workers, spec, make_data=False)
     assert result.exit_code == 0, "\n".join(result.lines[-30:])
     assert result.train_images == 96 and f"ssh -F {c.mpi_ssh_config}" in capsys.readouterr().out
