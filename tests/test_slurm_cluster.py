@@ -301,10 +301,12 @@ def test_a_horovod_script_and_a_failing_command_under_launch_run(home, tmp_path)
 
 def test_the_bert_example_trains_through_launch_run_with_each_engine(home):
     """examples/bert/pretrain.py from its own directory: training.distributed takes the engine `launch run` names
-    (SCALETRAIN_ENGINE), 2 ranks on two machines, the loss falling (docs/your-code.md)."""
-    for engine in ("ddp", "horovod"):
-        proc = launch(home, "run", "--cluster", "local", "--workdir", str(ROOT / "examples" / "bert"), "--engine",
-                      engine, "--", "python", "pretrain.py", "--steps", "20", "--log-every", "10")
+    (SCALETRAIN_ENGINE), 2 ranks on two machines, the reducer tier on the reducer node, the loss falling
+    (docs/your-code.md)."""
+    for engine in ("ddp", "horovod", "reducer"):
+        how = ["--reducers", "1"] if engine == "reducer" else ["--engine", engine]
+        proc = launch(home, "run", "--cluster", "local", "--workdir", str(ROOT / "examples" / "bert"), *how,
+                      "--", "python", "pretrain.py", "--steps", "20", "--log-every", "10")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert f"[rank 0] pretraining BERT-tiny (0.2M parameters) on 2 rank(s) ({engine})" in proc.stdout, proc.stdout
         first, last = map(float, re.search(rf"^\[rank 0\] summary: BERT-tiny 2 ranks \({engine}\), loss ([\d.]+) -> "
