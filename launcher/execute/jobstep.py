@@ -100,6 +100,23 @@ def unreachable(hosts: list[str]) -> dict[str, str]:
         return {h: why for h, why in pool.map(probe, hosts) if why}
 
 
+WHOLE_WITHIN_S = 90.0
+
+
+def wait_whole(hosts: list[str], timeout_s: float = WHOLE_WITHIN_S) -> dict[str, str]:
+    """Wait until every allocated node's slurmd answers at the address the controller has for it; what still does
+    not answer after ``timeout_s``. A replacement registers under its predecessor's name before it has set its own
+    NodeAddr (plans/slurm.rejoin_commands: Slurm 22.05 keeps a dynamic node's old address), and the controller may
+    start a requeued job on it in between: mpirun's daemons would then be sent to the lost instance's address."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        silent = unreachable(hosts)
+        if not silent or time.monotonic() > deadline:
+            return silent
+        say(f"waiting for {', '.join(sorted(silent))} to answer at the address Slurm has for it")
+        time.sleep(2)
+
+
 def show(*what: str) -> dict[str, str]:
     """One `scontrol show` record's fields ({} when Slurm does not answer)."""
     from launcher.plans import slurm
@@ -225,6 +242,7 @@ def main(args: list[str] | None = None) -> int:
         os.environ["MASTER_PORT"] = str(a.rendezvous_port)
     if restart and not a.no_resume and "--resume" not in mpirun:
         mpirun = [*mpirun, "--resume"]
+    wait_whole(hosts)
     code, lines, stopped = run_step(mpirun, a.stall_timeout)
     if code == 0 and not stopped:
         say(f"job {job_id} finished")
