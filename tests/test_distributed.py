@@ -23,6 +23,8 @@ TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE
     (MPI, "horovod"),                                        # plain mpirun
     (TORCHRUN, "ddp"),                                       # plain torchrun
     ({**MPI, **TORCHRUN}, "horovod"),                        # both: mpirun's win, as training/engine.py reads them
+    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}, "horovod"),  # horovodrun --gloo
+    ({**TORCHRUN, "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "SCALETRAIN_ENGINE": "horovod"}, "horovod"),
     ({**MPI, "SCALETRAIN_ENGINE": "ddp"}, "ddp"),            # launch train --engine ddp: mpirun starts DDP ranks
     ({**TORCHRUN, "SCALETRAIN_ENGINE": "DDP "}, "ddp"),
     ({"SCALETRAIN_ENGINE": "", **TORCHRUN}, "ddp"),          # empty is unset
@@ -35,7 +37,8 @@ def test_the_engine_is_the_one_asked_for_else_the_launchers(env, engine):
 
 def test_horovod_without_mpirun_is_refused_beyond_one_process():
     # WORLD_SIZE=1: allowed above; WORLD_SIZE=2: each process would be Horovod's rank 0 of 1 and train alone.
-    with pytest.raises(DistributedError, match="SCALETRAIN_ENGINE=horovod needs mpirun .*use SCALETRAIN_ENGINE=ddp"):
+    with pytest.raises(DistributedError, match="SCALETRAIN_ENGINE=horovod needs mpirun or horovodrun .*use "
+                                               "SCALETRAIN_ENGINE=ddp"):
         choose({**TORCHRUN, "SCALETRAIN_ENGINE": "horovod"})
 
 

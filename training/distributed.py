@@ -22,16 +22,18 @@ The environment contract (what `launch run` sets; `choose` is the one place that
 | SCALETRAIN_ENGINE | `horovod`, `ddp` or `reducer` (`reducers` means `reducer`). Unset or empty: inferred, below |
 | SCALETRAIN_REDUCERS | K >= 1 reducer processes (`python -m training.reducer --workers W`), with `reducer` only |
 | OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE | set by Open MPI's mpirun; win over the torchrun ones |
+| HOROVOD_RANK, HOROVOD_SIZE | set by `horovodrun --gloo` (Horovod reads them itself) |
 | RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK | torchrun's; WORLD_SIZE counts the training processes |
 | MASTER_ADDR, MASTER_PORT | the rendezvous of DDP and of the reducer tier's gloo world (default 127.0.0.1:29500) |
 | GLOO_SOCKET_IFNAME, HOROVOD_GLOO_IFACE, NCCL_*, FI_* | read by torch, Horovod, NCCL and libfabric themselves |
 
 Sources: torchrun's variables, "torchrun (Elastic Launch)", "Environment Variables",
 https://docs.pytorch.org/docs/stable/elastic/run.html; Open MPI's, mpirun(1) "Exported Environment Variables",
-https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php.
+https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php; horovodrun's Gloo mode, create_slot_env_vars in
+horovod/runner/gloo_run.py (Horovod 0.28.1; "Horovod with Gloo", https://horovod.readthedocs.io/en/stable/gloo_include.html).
 
-Inferred when SCALETRAIN_ENGINE is unset: OMPI_COMM_WORLD_SIZE set (mpirun) -> horovod; else WORLD_SIZE set
-(torchrun) -> ddp; else one process alone (`single`: no communication at all).
+Inferred when SCALETRAIN_ENGINE is unset: OMPI_COMM_WORLD_SIZE (mpirun) or HOROVOD_SIZE (horovodrun --gloo) set
+-> horovod; else WORLD_SIZE set (torchrun) -> ddp; else one process alone (`single`: no communication at all).
 
 The reducer tier is one gloo world of W workers then K reducers. Under mpirun it is the MPMD world `launch train
 --reducers K` starts (OMPI_COMM_WORLD_SIZE = W + K, workers first). Under torchrun-style variables the workers keep
@@ -90,6 +92,7 @@ def choose(env: Mapping[str, str]) -> Choice:
                                f"(or leave it unset to infer it from mpirun's or torchrun's variables)")
     reducers = _int(env, "SCALETRAIN_REDUCERS", 0) or 0
     mpi_size = _int(env, "OMPI_COMM_WORLD_SIZE", 1)
+    hvd_size = _int(env, "HOROVOD_SIZE", 1)
     world = _int(env, "WORLD_SIZE", 1)
     rank = _int(env, "RANK", 0)
     if world is not None and rank is None:
@@ -99,18 +102,20 @@ def choose(env: Mapping[str, str]) -> Choice:
     engine, why = asked, "SCALETRAIN_ENGINE"
     if not engine:
         engine, why = (("horovod", "mpirun's OMPI_COMM_WORLD_SIZE") if mpi_size is not None
+                       else ("horovod", "horovodrun's HOROVOD_SIZE") if hvd_size is not None
                        else ("ddp", "torchrun's WORLD_SIZE") if world is not None
                        else ("single", "no launcher's variables"))
     if (engine == "reducer") != (reducers > 0):
         raise DistributedError(f"SCALETRAIN_ENGINE={engine} with SCALETRAIN_REDUCERS={reducers}: the reducer engine "
                                f"needs SCALETRAIN_REDUCERS >= 1, and only it takes reducers")
-    if engine == "horovod" and mpi_size is None and (world or 1) > 1:
+    if engine == "horovod" and mpi_size is None and hvd_size is None and (world or 1) > 1:
         # Horovod learns its world from MPI under mpirun, or from horovodrun's Gloo rendezvous ("Horovod with MPI",
         # https://horovod.readthedocs.io/en/stable/mpi_include.html); torchrun's variables it does not read: with
         # RANK=1 WORLD_SIZE=2 and no mpirun, hvd.init() gives rank 0 of size 1 (Horovod 0.28.1, measured), so
         # every process would train alone.
-        raise DistributedError(f"SCALETRAIN_ENGINE=horovod needs mpirun (no OMPI_COMM_WORLD_SIZE here, but "
-                               f"WORLD_SIZE={world}): start under mpirun, or use SCALETRAIN_ENGINE=ddp")
+        raise DistributedError(f"SCALETRAIN_ENGINE=horovod needs mpirun or horovodrun (no OMPI_COMM_WORLD_SIZE or "
+                               f"HOROVOD_SIZE here, but WORLD_SIZE={world}): start under mpirun, or use "
+                               f"SCALETRAIN_ENGINE=ddp")
     if engine != "reducer":
         return Choice(engine, why=why)
     if mpi_size is not None:
