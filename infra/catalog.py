@@ -62,9 +62,11 @@ __all__ = [
 MAX_NODES = 4096
 
 
-def nodes_allowed(nodes: int) -> str | None:
-    """None for a worker-node count a command accepts, else what is allowed (after the option and its value)."""
-    return None if 1 <= nodes <= MAX_NODES else f"allowed: 1 to {MAX_NODES} worker nodes"
+def nodes_allowed(nodes: int, role: str = "worker") -> str | None:
+    """None for a node count a command accepts, else what is allowed (after the option and its value): 1 to
+    MAX_NODES workers; 0 to MAX_NODES reducer (CPU tier) nodes."""
+    low = 1 if role == "worker" else 0
+    return None if low <= nodes <= MAX_NODES else f"allowed: {low} to {MAX_NODES} {role} nodes"
 
 
 class UnknownInstanceType(ValueError):

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ami import paths
 from infra import catalog, layout
@@ -105,7 +105,7 @@ class ClusterSpec(BaseModel):
     region: str = Field(default="us-east-1", description="AWS region of the stack")
     instance_type: str = Field(description="worker instance type; a catalog entry with GPUs")
     nodes: int = Field(description=f"worker nodes, 1 to {catalog.MAX_NODES}")
-    reducers: int = Field(default=0, ge=0, description="CPU reducer nodes beside the workers")
+    reducers: int = Field(default=0, description=f"CPU reducer nodes beside the workers, 0 to {catalog.MAX_NODES}")
     reducer_type: str = Field(default="c5n.18xlarge", description="reducer instance type; a CPU catalog entry")
     storage: Literal["fsx", "beegfs", "none"] = "none"
     fsx_capacity_gib: int | None = Field(default=None, description="FSx for Lustre size; None = 1200 with fsx")
@@ -152,10 +152,11 @@ class ClusterSpec(BaseModel):
             raise ValueError("allowed: a letter, then up to 31 letters, digits or hyphens")
         return value
 
-    @field_validator("nodes")
+    @field_validator("nodes", "reducers")
     @classmethod
-    def _nodes(cls, value: int) -> int:
-        if problem := catalog.nodes_allowed(value):  # the one limit `launch plan` and `launch cost` keep too
+    def _nodes(cls, value: int, info: ValidationInfo) -> int:
+        role = "worker" if info.field_name == "nodes" else "reducer"
+        if problem := catalog.nodes_allowed(value, role):  # the one limit `launch plan` and `launch cost` keep too
             raise ValueError(problem)
         return value
 

@@ -119,6 +119,8 @@ def test_beegfs_ram_disk_is_a_quarter_of_worker_memory_and_roles_name_every_node
         ({"nodes": "-3"}, "nodes='-3': allowed: 1 to 4096 worker nodes"),
         ({"nodes": "4097"}, "nodes='4097': allowed: 1 to 4096 worker nodes"),
         ({"nodes": "100000"}, "nodes='100000': allowed: 1 to 4096 worker nodes"),
+        ({"reducers": "4097"}, "reducers='4097': allowed: 0 to 4096 reducer nodes"),
+        ({"reducers": "-1"}, "reducers='-1': allowed: 0 to 4096 reducer nodes"),
         ({"instance_type": "p9.huge"}, "instance_type='p9.huge': not in the instance catalog; allowed: p3.2xlarge"),
         ({"instance_type": "c5n.18xlarge"}, "instance_type='c5n.18xlarge': has no GPUs; allowed: p3.2xlarge"),
         (

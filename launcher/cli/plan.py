@@ -71,8 +71,10 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     from training.schedule import default_warmup_epochs, warmup_problem
 
     check_nodes(nodes)
+    if reducers is not None:
+        check_nodes(reducers, "--reducers", role="reducer")
     for name, value, low in (("--epochs", epochs, 1), ("--batch-per-gpu", batch_per_gpu, 1),
-                             ("--images-per-epoch", images_per_epoch, 1), ("--reducers", reducers, 0)):
+                             ("--images-per-epoch", images_per_epoch, 1)):
         if value is not None and value < low:
             raise usage_error(f"{name} must be >= {low}, got {value}")
     check_throughput(gpu_throughput)
@@ -166,11 +168,11 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         console.print(f"  - {line}", markup=False, highlight=False)
 
 
-def check_nodes(nodes: int, option: str = "--nodes") -> None:
-    """The one worker-node limit (infra.catalog.MAX_NODES), said as every command says it."""
+def check_nodes(nodes: int, option: str = "--nodes", *, role: str = "worker") -> None:
+    """The one node limit (infra.catalog.MAX_NODES), said as every command says it."""
     from infra.catalog import nodes_allowed
 
-    if problem := nodes_allowed(nodes):
+    if problem := nodes_allowed(nodes, role):
         raise usage_error(f"{option} {nodes}: {problem}")
 
 
