@@ -8,10 +8,12 @@ single-machine run.
 from __future__ import annotations
 
 import json
+import signal
+import time
 from pathlib import Path
 
 import pytest
-from clusterutil import assert_one_line_error, launch, needs_root, on_host, put_on_shared, up
+from clusterutil import assert_one_line_error, launch, launch_background, needs_root, on_host, put_on_shared, up
 
 from launcher.cluster import Cluster, Node
 from launcher.plans import dataprep
@@ -91,8 +93,8 @@ def test_cluster_commands_give_each_node_its_share_and_cores():
                       python="/venv/bin/python")
     spec = dataprep.ConvertSpec(src="/fsx/imagenet raw", out="/fsx/shards", resize=256)
     steps = dataprep.plan_convert(cluster, spec)
-    base = ("/venv/bin/python -m launcher data convert '/fsx/imagenet raw' --out /fsx/shards --shard-size 1000 "
-            "--seed 0 --quality 95 --resize 256")
+    base = ("TTY_COMPATIBLE=0 /venv/bin/python -m launcher data convert '/fsx/imagenet raw' --out /fsx/shards "
+            "--shard-size 1000 --seed 0 --quality 95 --resize 256")
     assert [(n.name, cmd) for n, cmd in steps] == [
         ("node0", f"{base} --workers 4 --node-index 0 --node-count 3 2>&1"),
         ("node1", f"{base} --workers 4 --node-index 1 --node-count 3 2>&1"),
@@ -132,12 +134,52 @@ def test_convert_on_a_two_node_local_cluster_matches_one_machine(source, tmp_pat
         assert "[node0] resuming: " in proc.stdout and "[node1] resuming: " in proc.stdout
         assert json.loads((out / "manifest.json").read_text()) == expected
 
+        # Ctrl-C while both nodes convert: the launcher stops at once in one line, the nodes' conversions end with
+        # their connections (a pty's SIGHUP), and the same command finishes what they left.
+        make_sample(tmp_path / "big", classes=6, per_class=200, val_per_class=10, seed=3)
+        big = put_on_shared(home, tmp_path / "big", "/fsx/scaletrain/big")
+        big_out, args = "/fsx/scaletrain/big-shards", ["--shard-size", "50", "--resize", "48", "--workers", "2"]
+        proc = launch_background(home, "data", "convert", big, "--out", big_out, "--cluster", "local", *args)
+        deadline = time.monotonic() + 300
+        while len(list(on_host(home, big_out).glob("*.tar"))) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and err.strip().splitlines()[-1:] == ["error: interrupted"], err
+        assert time.monotonic() - sent < 5
+        assert not (on_host(home, big_out) / "manifest.json").exists()
+        deadline = time.monotonic() + 10
+        while converting(big_out) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not converting(big_out), "a node kept converting after Ctrl-C"
+        proc = launch(home, "data", "convert", big, "--out", big_out, "--cluster", "local", *args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        reference = convert(tmp_path / "big", tmp_path / "big-single", shard_size=50, resize=48, workers=2)
+        for entry in reference["shards"]:
+            assert (on_host(home, big_out) / entry["name"]).read_bytes() == \
+                (tmp_path / "big-single" / entry["name"]).read_bytes()
+
         # A node that fails is named, in one line: this machine's copy of the source is not on the nodes.
         proc = launch(home, "data", "convert", str(src), "--out", converted, "--cluster", "local")
         assert_one_line_error(proc, "conversion failed on node0 (exit 1), node1 (exit 1)")
         assert f"[node0] error: SRC {src} does not exist" in proc.stdout
     finally:
         launch(home, "local", "down")
+
+
+def converting(out: str) -> list[int]:
+    """Processes on this machine (the rehearsal nodes' too: they are its namespaces) converting into `out`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"convert" in argv and out.encode() in argv:
+            found.append(int(cmdline.parent.name))
+    return found
 
 
 def test_progress_off_a_terminal_is_a_line_with_rate_and_eta(monkeypatch, capsys):

@@ -154,3 +154,40 @@ def test_ctrl_c_during_data_sample_stops_at_once_and_the_same_command_finishes_t
     launch(home, *args, check=True)
     make_sample(tmp_path / "fresh", classes=10, per_class=300)
     assert files_under(out) == files_under(tmp_path / "fresh")
+
+
+def test_ctrl_c_during_convert_on_a_cluster_hangs_up_every_node_at_once(monkeypatch):
+    """`launch data convert --cluster`: Ctrl-C ends the launcher at once and hangs up every node's conversion (its
+    pty's SIGHUP ends it there), instead of waiting for every node to finish converting. The nodes here are stand-ins
+    that convert until they are hung up (at most 20 s)."""
+    import threading
+
+    from launcher.cluster import Cluster, Node
+    from launcher.execute import dataprep, remote
+    from launcher.plans.dataprep import ConvertSpec
+
+    hung_up: list[str] = []
+
+    def converting(cluster, node, command, *, pty, hangup, **_):
+        assert pty and command.startswith("TTY_COMPATIBLE=0 ")  # SIGHUP reaches it; no progress bars come back
+        deadline = time.monotonic() + 20
+        while not hangup.done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        hung_up.append(node.name) if hangup.done else None
+        return -1, []
+
+    monkeypatch.setattr(remote, "stream", converting)
+    nodes = [Node(name=f"node{i}", address="127.0.0.1", port=2200 + i, role="worker", slots=1, cpus=2,
+                  workdir=f"/w/{i}") for i in range(2)]
+    cluster = Cluster(name="c", backend="local", nodes=nodes, user="u", ssh_config="/s", known_hosts="/k",
+                      python="/venv/bin/python")
+    main = threading.main_thread().ident  # Ctrl-C while the nodes convert: the kernel gives it the main thread
+    threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        dataprep.convert_on_cluster(cluster, ConvertSpec(src="/fsx/raw", out="/fsx/shards"))
+    assert time.monotonic() - started < 2
+    deadline = time.monotonic() + 5
+    while len(hung_up) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(hung_up) == ["node0", "node1"]

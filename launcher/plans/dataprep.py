@@ -32,6 +32,13 @@ class ConvertSpec(BaseModel):
     workers: int | None = None  # per node; None: the node's cores
 
 
+# The conversion runs on a pty, so that hanging up (Ctrl-C here) ends it and its workers there by SIGHUP; a pty would
+# also give it rich's progress bars, which relayed line by line are noise: rich takes TTY_COMPATIBLE=0 as "not a
+# terminal" (https://rich.readthedocs.io/en/latest/console.html#environment-variables), and the converter then
+# prints a plain progress line every 30 s.
+PLAIN_OUTPUT = "TTY_COMPATIBLE=0"
+
+
 def convert_command(cluster: Cluster, spec: ConvertSpec, node: Node, index: int, count: int) -> str:
     """The shell line node `index` of `count` runs."""
     argv = [cluster.python, "-m", "launcher", "data", "convert", spec.src, "--out", spec.out,
@@ -39,7 +46,7 @@ def convert_command(cluster: Cluster, spec: ConvertSpec, node: Node, index: int,
     if spec.resize is not None:
         argv += ["--resize", str(spec.resize)]
     argv += ["--workers", str(spec.workers or node.cpus), "--node-index", str(index), "--node-count", str(count)]
-    return shlex.join(argv) + " 2>&1"  # stderr too comes back prefixed by the node
+    return f"{PLAIN_OUTPUT} {shlex.join(argv)} 2>&1"  # stderr too comes back prefixed by the node
 
 
 def merge_command(cluster: Cluster, spec: ConvertSpec, count: int) -> str:
