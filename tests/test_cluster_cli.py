@@ -101,14 +101,26 @@ def test_ssh_doctor_and_exec_take_region_and_profile(command, capsys):
 
 
 def test_ssh_reaches_a_stack_in_the_region_given_with_region(env, no_console, monkeypatch, capsys):  # noqa: F811
+    """A stack this machine has not seen is made reachable first, as `launch discover` makes it (nodes ready, the
+    launcher's key sent over SSM, the nodes' access files), then ssh runs; --region wins over the environment."""
+    from launcher.execute import awsrun
+
     deploy(workers=2)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")  # the environment points elsewhere; --region wins
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    monkeypatch.setattr(aws, "ssm_online", lambda sess, ids: set(ids))
+    keys_sent: list[str] = []
+    monkeypatch.setattr(aws, "install_keys", lambda sess, c, **kw: keys_sent.extend(n.name for n in c.nodes) or [])
+    monkeypatch.setattr(awsrun, "ssh_probe", lambda c, nodes: {
+        n.name: (True, f"cloud_init=done\ngpus={n.gpus}\nefa={n.efa_devices}\n", "") for n in nodes})
+    accessed: list[str] = []
+    monkeypatch.setattr(awsrun, "install_node_access", lambda c: accessed.append(c.name))
     ran: list[list[str]] = []
     monkeypatch.setattr(os, "execvp", lambda file, argv: ran.append(argv))
     assert cli.main(["ssh", "--cluster", "c1", "--region", "us-east-1", "node1", "hostname"]) == 0, \
         capsys.readouterr().err
     assert ran and ran[0][-2:] == ["node1", "hostname"] and ran[0][:2] == ["ssh", "-F"]
     assert cluster_cli.clusters.load("c1").aws.region == "us-east-1"
+    assert set(keys_sent) >= {"node0", "node1"} and accessed == ["c1"]
 
 
 def test_cluster_help_says_the_aws_fallback(capsys):

@@ -259,7 +259,7 @@ def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ..
             command: list[str] = typer.Argument(None, help="Command to run instead of a login shell."),
             cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Open an SSH session on one node (through SSM Session Manager on AWS), host keys pinned."""
-    c = resolve(cluster, region, profile)
+    c = resolve(cluster, region, profile, reach=True)
     c.machine(node)
     argv = ssh_argv(c.ssh_config, node, command or [])
     os.execvp(argv[0], argv)

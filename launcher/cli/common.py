@@ -97,10 +97,13 @@ def _nowhere(cluster: str | None, e: LaunchError) -> LaunchError:
     return LaunchError(f"{here}; on AWS: {e}")
 
 
-def resolve(cluster: str | None, region: str | None = None, profile: str | None = None) -> clusters.Cluster:
+def resolve(cluster: str | None, region: str | None = None, profile: str | None = None, *,
+            reach: bool = False) -> clusters.Cluster:
     """The cluster a command means, one answer for every command: a cluster saved on this machine by that name (or
     the only one), else the AWS stack of that name (default $SCALETRAIN_STACK or 'scaletrain'), discovered now. When
-    neither is found the one line says both: what this machine knows and why AWS had none."""
+    neither is found the one line says both: what this machine knows and why AWS had none. ``reach``: the command
+    logs in to the nodes (ssh, exec, doctor), so a stack found now is made reachable as `launch discover` makes it
+    (the nodes ready, the launcher's key on them over SSM, the nodes' access files); a read (status) only reads."""
     c, stack = target(cluster)
     if c is not None:
         return c
@@ -109,9 +112,16 @@ def resolve(cluster: str | None, region: str | None = None, profile: str | None 
 
     sess = aws_session(None, region, profile, cluster=cluster)
     try:
-        return aws.discover_cluster(sess, stack, profile=profile)
+        aws.stack_outputs(sess, stack)  # the stack exists, or the one line below says why not
     except LaunchError as e:
         raise _nowhere(cluster, e) from None
+    if not reach:
+        return aws.discover_cluster(sess, stack, profile=profile)
+    from launcher.execute import awsrun
+
+    found = awsrun.connect_ready(sess, stack, profile=profile)
+    awsrun.install_node_access(found)
+    return found
 
 
 def target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:

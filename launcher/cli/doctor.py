@@ -21,7 +21,7 @@ def doctor_cmd(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str 
 
     if storage not in doctor.STORAGE_CHOICES:  # before any cluster is sought
         raise usage_error(f"--storage must be one of: {', '.join(doctor.STORAGE_CHOICES)}; got '{storage}'")
-    c = resolve(cluster, region, profile)
+    c = resolve(cluster, region, profile, reach=True)
     checks = doctor_run.diagnose(c, storage=storage)
     table = Table(title=f"launch doctor: cluster '{c.name}' ({c.backend})")
     for col in ("node", "check", "status", "detail"):

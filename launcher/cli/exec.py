@@ -15,7 +15,7 @@ app = typer.Typer()
 def exec_(command: list[str] = typer.Argument(..., help="The command (after --), run by each node's shell."),
           cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Run one command on every node in parallel; output is prefixed by node."""
-    c = resolve(cluster, region, profile)
+    c = resolve(cluster, region, profile, reach=True)
     results = remote.run_all(c, c.nodes, " ".join(command))
     for r in results:
         for line in r.stdout.splitlines():

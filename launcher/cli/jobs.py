@@ -46,7 +46,7 @@ def jobs_(cluster: str = ClusterOpt,
                                                                "succeeded, failed, cancelled), started, ended, "
                                                                "nodes, restarts, output, stdout, exit_code.")):
     """The cluster's jobs (Slurm's queue and its record of finished jobs), newest first."""
-    found = slurmjobs.jobs(resolve(cluster))
+    found = slurmjobs.jobs(resolve(cluster, reach=True))
     if as_json:
         print(json.dumps([j.as_json() for j in found], indent=1))
         return
@@ -68,7 +68,7 @@ def logs(job_id: str = typer.Argument(..., metavar="ID", help="The job, as `laun
          follow: bool = typer.Option(False, "-f", "--follow", help="Go on printing until the job ends; Ctrl-C "
                                                                    "stops printing, never the job.")):
     """Print a job's output (its file on the shared storage, read on the head node)."""
-    c = resolve(cluster)
+    c = resolve(cluster, reach=True)
     try:
         job = slurmjobs.follow(c, job_id, until_end=follow)
     except KeyboardInterrupt:
@@ -85,7 +85,7 @@ def logs(job_id: str = typer.Argument(..., metavar="ID", help="The job, as `laun
 def cancel(job_id: str = typer.Argument(..., metavar="ID", help="The job, as `launch jobs` lists it."),
            cluster: str = ClusterOpt):
     """Stop a queued or running job (Slurm's scancel); its checkpoints stay in its run directory."""
-    c = resolve(cluster)
+    c = resolve(cluster, reach=True)
     job = slurmjobs.cancel(c, job_id)
     console.print(f"job {job_id} ({job.name}, {job.state}) cancelled; run directory {job.output}", markup=False,
                   highlight=False)
