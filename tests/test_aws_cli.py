@@ -63,7 +63,8 @@ def test_status_on_a_stopped_node_exits_non_zero(env, no_console, capsys):  # no
 @needs_root
 def test_launch_ssh_runs_on_the_named_node_and_refuses_unknown_ones(tmp_path):
     home = tmp_path / "home"
-    launch(home, "local", "up", "--no-slurm", "--nodes", "2", check=True, timeout=3600)  # rehearsal nodes: each its own hostname
+    # rehearsal nodes: each its own hostname
+    launch(home, "local", "up", "--no-slurm", "--nodes", "2", check=True, timeout=3600)
     try:
         proc = launch(home, "ssh", "node1", "--", "echo", "on", "$(hostname)", "at", "$(hostname -I)", timeout=60)
         assert proc.returncode == 0, proc.stderr
