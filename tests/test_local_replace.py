@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster import Cluster, Node, local
+from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
+from launcher.files import keygen
+from launcher.local import backend as local
 
 KEY0 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPd+thCJVU0OWwNN2Zo8HNNgfvVHNCXIU/6HUnA4k6IS scaletrain-local-node0"
 OLD1 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILNz2E/+QBJrh78oN6D1Cz8NCZ73lrIe0NWg7nFfcGnM scaletrain-local-node1"
@@ -71,7 +73,7 @@ def test_fresh_ports_are_distinct_free_and_avoid_the_old_ones():
 
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen")
 def test_fingerprint_is_openssh_s(tmp_path):
-    pub = local.keygen(tmp_path / "key", "test")
+    pub = keygen(tmp_path / "key", "test")
     out = subprocess.run(["ssh-keygen", "-lf", str(tmp_path / "key.pub")], capture_output=True, text=True,
                          check=True).stdout
     assert local.fingerprint(pub) == out.split()[1]

@@ -64,7 +64,7 @@ class AwsInfo(BaseModel):
 
 
 class RehearsalInfo(BaseModel):
-    """What `launch local up` made for rehearsal nodes (launcher/cluster/rehearsal.py), by name, so that `down`
+    """What `launch local up` made for rehearsal nodes (launcher/local/rehearsal_root.py), by name, so that `down`
     removes exactly that, after a crash too."""
 
     model_config = ConfigDict(frozen=True)

@@ -186,7 +186,7 @@ def ssh_files(cluster: Cluster, host_keys: dict[str, str]) -> tuple[str, str]:
 
 def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = LOCAL, *, loopback: bool = False,
        subnet: str | None = None, with_slurm: bool = False) -> Cluster:
-    """Rehearsal nodes (launcher/cluster/local_rehearsal.py), or with ``loopback`` sshd processes on 127.0.0.1 that
+    """Rehearsal nodes (launcher/local/rehearsal_cluster.py), or with ``loopback`` sshd processes on 127.0.0.1 that
     share this machine's filesystem (for tests of the launcher's own logic)."""
     if nodes < 1:
         raise LaunchError(f"--nodes must be >= 1, got {nodes}")

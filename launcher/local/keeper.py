@@ -4,7 +4,7 @@ On AWS a worker's Auto Scaling group launches a new instance when one is termina
 the new instance registers with Slurm's controller from its own boot (slurmd -Z), with nobody attached. `launch local
 up` starts this keeper for a local cluster with Slurm, so that recovery there needs no launcher either: every
 second it looks at each node's first process, and when one has ended it boots the node afresh (new address, new
-host keys, the others told: launcher/cluster/local_rehearsal.replace), whose slurmd then registers again. The head
+host keys, the others told: launcher/local/rehearsal_cluster.replace), whose slurmd then registers again. The head
 node is not replaced, as ParallelCluster's head node is in no Auto Scaling group. `launch local down` stops it first.
 
 It logs one line per event to the cluster's keeper.log. Run as ``python -m launcher.local.keeper NAME``.

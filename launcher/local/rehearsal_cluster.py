@@ -1,7 +1,7 @@
 """The local cluster on rehearsal nodes: `launch local up` / `down` / `replace` when nodes are machines.
 
 Each node is a network namespace on a bridge made for the cluster, booted from the root the image recipe built
-(launcher/cluster/rehearsal.py). The launcher reaches the nodes as it reaches EC2 instances: by private address on
+(launcher/local/rehearsal_root.py). The launcher reaches the nodes as it reaches EC2 instances: by private address on
 port 22, host keys pinned from what each node printed at boot (its console), the nodes' own key pair, ssh_config and
 known_hosts installed on them by the code that installs them on AWS (awsrun.install_node_access), runs on shared
 storage at the stack's mount point, and the run's record fetched back over SSH.
@@ -54,7 +54,7 @@ def _record(d: Path, *, bridge: str | None = None, node: plan.NodeNet | None = N
 
 
 def _start_keeper(d: Path, name: str) -> None:
-    """Start the cluster's keeper (launcher/cluster/keeper.py) on this machine, detached from the launcher: it
+    """Start the cluster's keeper (launcher/local/keeper.py) on this machine, detached from the launcher: it
     replaces a lost node as an Auto Scaling group would, with no launcher running."""
     import sys
 
@@ -179,7 +179,7 @@ def _install_access(c: Cluster) -> None:
 
 def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_slurm: bool = False) -> Cluster:
     """``with_slurm``: a head node running Slurm's controller besides the nodes, each node running slurmd, and the
-    keeper (launcher/cluster/keeper.py) replacing a lost node by itself, as an Auto Scaling group does."""
+    keeper (launcher/local/keeper.py) replacing a lost node by itself, as an Auto Scaling group does."""
     rh.check_host()
     if subnet is not None:
         plan.parse_subnet(subnet)

@@ -1,7 +1,7 @@
 """Rehearsal nodes, running: the cluster's bridge, each node's namespace and veth, its boot and its end.
 
 The decisions (names, addresses, the boot script) are in launcher/plans/rehearsal.py; the root the nodes boot from
-is built by launcher/cluster/rehearsal.py.
+is built by launcher/local/rehearsal_root.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The cluster owns its jobs, as on AWS ParallelCluster and SageMaker HyperPod: a h
 the configuration from it (configless), so an Auto Scaling group's replacement joins with nobody attached. The
 launcher only renders, submits (``sbatch``), follows, detaches and reattaches.
 
-Everything here is pure; launcher/cluster/ (the local head node) and infra/ (the stack's head node) carry it out.
+Everything here is pure; launcher/local/ (the local head node) and infra/ (the stack's head node) carry it out.
 The rules each setting follows are cited beside it from Slurm 22.05's slurm.conf(5), sbatch(1) and slurmd(8)
 (https://slurm.schedmd.com/archive/slurm-22.05.8/), the release Debian 12 ships and the rehearsal nodes run.
 """
