@@ -145,6 +145,11 @@ def target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:
 # field gpu_throughput) in the project's words, never pydantic's ("Input should be greater than 0").
 
 
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """'1 shard', '2 shards'."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def usage_error(message: str) -> click.UsageError:
     """``raise usage_error("--nodes must be >= 1, got 0")``: `launch` prints `error: <message> (see `launch X
     --help`)` and exits 2, as for click's own usage errors. Python field names in the message become options."""

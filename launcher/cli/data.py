@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from launcher import cluster as clusters
-from launcher.cli.common import console, err, usage_error
+from launcher.cli.common import console, err, plural, usage_error
 from launcher.errors import LaunchError
 
 app = typer.Typer(no_args_is_help=True, help="Sample data in the ILSVRC2012 layout; conversion to shards.")
@@ -56,11 +56,6 @@ def _progress(what: str, total: int) -> Iterator[_Tick]:
                    TimeRemainingColumn(), console=err, disable=not err.is_terminal)
     with bar:
         yield _Tick(bar, what, total)
-
-
-def plural(n: int, one: str, many: str | None = None) -> str:
-    """'1 shard', '2 shards'."""
-    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def out_dir(out: str) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from launcher.cli.common import console, err, option_names, usage_error, validation_error
+from launcher.cli.common import console, err, option_names, plural, usage_error, validation_error
 from launcher.errors import LaunchError
 from launcher.plans import job
 
@@ -129,7 +129,7 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
             if e.accumulation_steps > 1 else f" (batch {e.batch_per_gpu} per GPU)")),
         ("gradient reduction per step", f"{e.comm_time_s * 1e3:,.1f} ms ({e.exposed_comm_time_s * 1e3:,.1f} ms "
                                         f"not hidden; limited by {e.comm_limited_by})"),
-        ("stragglers + negotiation", f"{e.sync_overhead_s * 1e3:,.1f} ms (the slowest of {e.nodes} node(s))"),
+        ("stragglers + negotiation", f"{e.sync_overhead_s * 1e3:,.1f} ms (the slowest of {plural(e.nodes, 'node')})"),
         ("step", f"{e.step_time_s * 1e3:,.1f} ms"),
         ("throughput", f"{e.images_per_sec:,.0f} {e.rate_unit}, {e.scaling_efficiency:.1%} scaling"),
         ("limited by", e.limited_by),
@@ -137,7 +137,7 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                            f"img/s against {e.gpu_demand_images_per_sec:,.0f} the GPUs would take"
                            if workload.decodes_images else f"no JPEG decoding modelled for {e.workload}"),
         ("epoch (with checkpoint)", f"{e.epoch_time_s:,.1f} s"),
-        ("training", f"{e.training_s / 60:,.1f} min ({epochs} epochs + validation)"),
+        ("training", f"{e.training_s / 60:,.1f} min ({plural(epochs, 'epoch')} + validation)"),
         ("provisioning + staging", f"{(e.provisioning_s + e.staging_s) / 60:,.1f} min"),
         ("time to train", f"{e.time_to_train_s / 60:,.1f} min"),
         ("cluster price", f"${e.cluster_usd_per_hour:,.2f}/h ({e.market}, as of {e.price_date})"),
