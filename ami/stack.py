@@ -209,7 +209,10 @@ class ImageStack(Stack):
         role = iam.Role(
             self, "ExecutionRole",
             # The service assumes it for this account only (IAM User Guide, "The confused deputy problem",
-            # aws:SourceAccount: https://docs.aws.amazon.com/IAM/latest/UserGuide/confused-deputy.html).
+            # aws:SourceAccount: https://docs.aws.amazon.com/IAM/latest/UserGuide/confused-deputy.html). AWS's own
+            # Image Builder skill creates its execution role with exactly this trust, imagebuilder.amazonaws.com on
+            # condition aws:SourceAccount (github.com/aws/agent-toolkit-for-aws, skills/specialized-skills/ec2-skills/
+            # amazon-ec2-image-builder/references/custom-workflows.md, "The execution role comes first").
             assumed_by=iam.ServicePrincipal(IMAGEBUILDER, conditions={
                 "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}),
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(EXECUTION_POLICY)],
