@@ -20,6 +20,7 @@ from launcher.cluster.aws import api as aws
 from launcher.cluster.aws import discover, lifecycle, readiness
 from launcher.errors import LaunchError
 from launcher.execute import awsrun
+from launcher.plans import storage
 
 HEAD_ID = "i-0123456789abcdef0"
 env, ssm_agents = moto_stack.env, moto_stack.ssm_agents  # the fixtures: moto's in-process AWS, SSM's agents
@@ -117,7 +118,7 @@ def test_the_head_node_is_waited_for_but_asked_no_gpu_or_efa():
 
 def test_the_head_node_mounts_fsx_as_the_nodes_do():
     c = build(with_head("fsx"), [*instances("p4d.24xlarge", 2), head_instance()])
-    [phase] = awsrun.head_storage_plan(c, secret="s")
+    [phase] = storage.head_storage_plan(c, secret="s")
     assert list(phase.scripts) == ["head"]
     assert "mount -t lustre" in phase.scripts["head"] and " /fsx" in phase.scripts["head"]
 
@@ -129,7 +130,7 @@ def test_the_head_node_is_a_beegfs_client_and_runs_no_server(reducers):
     out = outputs("p4d.24xlarge", reducers=reducers).model_copy(update={"head": discover.HeadNode(
         instance_id=HEAD_ID, private_ip="10.0.0.5")})
     c = build(out, [*instances("p4d.24xlarge", 2, reducers), head_instance()])
-    phases = awsrun.head_storage_plan(c, secret="s3cr3t")
+    phases = storage.head_storage_plan(c, secret="s3cr3t")
     assert [(p.name, list(p.scripts)) for p in phases] == [("ramdisk and auth", ["head"]), ("clients", ["head"])]
     nodes = storage.storage_plan(c.aws.storage, c.workers, c.reducers, secret="s3cr3t")
     client = next(p for p in nodes if p.name == "clients").scripts["node1"]
@@ -139,10 +140,10 @@ def test_the_head_node_is_a_beegfs_client_and_runs_no_server(reducers):
 
 
 def test_no_head_node_or_no_storage_mounts_nothing_on_a_head():
-    assert awsrun.head_storage_plan(build(outputs("p4d.24xlarge"), instances("p4d.24xlarge", 2)), secret="s") == []
+    assert storage.head_storage_plan(build(outputs("p4d.24xlarge"), instances("p4d.24xlarge", 2)), secret="s") == []
     c = build(with_head("fsx"), [*instances("p4d.24xlarge", 2), head_instance()])
     bare = c.model_copy(update={"aws": c.aws.model_copy(update={"storage": {"type": "none"}})})
-    assert awsrun.head_storage_plan(bare, secret="s") == []
+    assert storage.head_storage_plan(bare, secret="s") == []
 
 
 # --- Which path a run takes, who ends the stack ------------------------------------------------------------------

@@ -32,7 +32,7 @@ from launcher.plans.dataprep import ConvertSpec
 
 T = TypeVar("T")
 
-__all__ = ["as_slurm_job", "check_data", "connect_ready", "head_storage_plan", "install_node_access", "prepare_storage",
+__all__ = ["as_slurm_job", "check_data", "connect_ready", "install_node_access", "prepare_storage",
            "shared_root", "ssh_probe", "stage_data", "with_teardown"]
 
 
@@ -189,29 +189,9 @@ def prepare_storage(c: Cluster) -> None:
         secret_file.chmod(0o600)
     secret = secret_file.read_text()
     phases = storage.storage_plan(c.aws.storage, c.workers, c.reducers, secret=secret)
-    for phase in [*phases, *head_storage_plan(c, secret=secret)]:
+    for phase in [*phases, *storage.head_storage_plan(c, secret=secret)]:
         say(f"storage: {phase.name} on {', '.join(phase.scripts)}")
         _on_nodes(c, phase.scripts, f"storage set-up ({phase.name})", sudo=True)
-
-
-def head_storage_plan(c: Cluster, *, secret: str) -> list[storage.Phase]:
-    """The head node mounts the shared storage as one more client, at the same path: Slurm's jobs keep their batch
-    script and output in the run directory there, which `launch train` and `launch logs` read on the head node. A
-    client only (no BeeGFS server: the StorageMount output's roles place those on workers), so its scripts are the
-    nodes' plan's with the head among the clients, taken for the head alone. None without a head node or storage."""
-    if c.head is None or c.aws is None:
-        return []
-    head, mount = c.head, c.aws.storage
-    if mount.get("type") == "fsx":
-        return storage.fsx_plan(mount, [head])
-    if mount.get("type") != "beegfs":
-        return []
-    # beegfs_plan places clients by ROLE:INDEX over workers and reducers; the head goes after the reducers, so no
-    # entry the stack wrote shifts, and "reducer:*" among the clients takes it in.
-    roles = mount["roles"]
-    with_head = {**mount, "roles": {**roles, "client": [*roles["client"], "reducer:*"]}}
-    phases = storage.beegfs_plan(with_head, c.workers, [*c.reducers, head], secret=secret)
-    return [storage.Phase(p.name, {head.name: p.scripts[head.name]}) for p in phases if head.name in p.scripts]
 
 
 def shared_root(c: Cluster) -> str | None:

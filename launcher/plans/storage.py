@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from launcher.cluster import Node
+from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
 
 __all__ = ["Phase", "beegfs_plan", "fsx_plan", "render_plan", "resolve_roles", "storage_plan"]
@@ -149,3 +149,23 @@ def render_plan(phases: Sequence[Phase]) -> str:
         for node, script in phase.scripts.items():
             out.append(f"### phase {i}: {phase.name} on {node}\n{script}\n")
     return "\n".join(out)
+
+
+def head_storage_plan(c: Cluster, *, secret: str) -> list[Phase]:
+    """The head node mounts the shared storage as one more client, at the same path: Slurm's jobs keep their batch
+    script and output in the run directory there, which `launch train` and `launch logs` read on the head node. A
+    client only (no BeeGFS server: the StorageMount output's roles place those on workers), so its scripts are the
+    nodes' plan's with the head among the clients, taken for the head alone. None without a head node or storage."""
+    if c.head is None or c.aws is None:
+        return []
+    head, mount = c.head, c.aws.storage
+    if mount.get("type") == "fsx":
+        return fsx_plan(mount, [head])
+    if mount.get("type") != "beegfs":
+        return []
+    # beegfs_plan places clients by ROLE:INDEX over workers and reducers; the head goes after the reducers, so no
+    # entry the stack wrote shifts, and "reducer:*" among the clients takes it in.
+    roles = mount["roles"]
+    with_head = {**mount, "roles": {**roles, "client": [*roles["client"], "reducer:*"]}}
+    phases = beegfs_plan(with_head, c.workers, [*c.reducers, head], secret=secret)
+    return [Phase(p.name, {head.name: p.scripts[head.name]}) for p in phases if head.name in p.scripts]
