@@ -123,6 +123,12 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     watch = watchdog.Watch(interval_s=probe_interval, misses=probe_misses, stall_s=stall_timeout)
     stamp = time.strftime("%Y%m%d-%H%M%S")
 
+    def train_spec(data_path: str, out: str = "", *, resume: bool = resume) -> job.TrainSpec:
+        """The trainer's options for this run, one place for each path (Slurm's job or mpirun from here)."""
+        return job.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
+                             batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers, resume=resume,
+                             engine=engine, reducers=reducers, extra_args=tuple(trainer_args or ()))
+
     def body(c: clusters.Cluster, out: str, data_path: str,
              recover: Callable[[clusters.Cluster, list[str]], clusters.Cluster]) -> None:
         from launcher.execute import recovery
@@ -135,10 +141,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
             if reducers > len(c.reducers):
                 raise LaunchError(f"--reducers {reducers} is more than the {len(c.reducers)} reducer node(s) of "
                                   f"cluster '{c.name}'; bring one up with `launch local up --nodes N --reducers K`")
-            spec = job.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
-                                 batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
-                                 resume=resume or bool(history), engine=engine, reducers=reducers,
-                                 extra_args=tuple(trainer_args or ()))
+            spec = train_spec(data_path, out, resume=resume or bool(history))
             if checkpoint_to:
                 store_region, aws_cli = job.checkpoint_store(c, region)
                 spec = spec.model_copy(update={"checkpoint_to": checkpoint_to, "aws_region": store_region,
@@ -189,10 +192,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     if stack is None and c is not None and c.head is not None and _head_answers(c, nodes):
         _on_slurm(c, nodes=nodes, data=data, output=output or f"{c.shared_root}/runs/{stamp}", teardown=teardown,
                   max_restarts=max_restarts, stall_timeout=stall_timeout, region=region, checkpoint_to=checkpoint_to,
-                  spec=job.TrainSpec(data=data or "", output="", model=model, image_size=image_size, epochs=epochs,
-                                     batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers,
-                                     resume=resume, engine=engine, reducers=reducers,
-                                     extra_args=tuple(trainer_args or ())))
+                  spec=train_spec(data or ""))
         return
     if stack is None:
         assert c is not None
@@ -243,9 +243,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         # A stack with a head node runs the job as the local cluster with Slurm does: the cluster owns it, and with
         # --teardown the job's epilog takes the stack down (as_slurm_job tells with_teardown).
         out = output or f"{awsrun.shared_root(found)}/runs/{stamp}"
-        spec = job.TrainSpec(data=staged, output="", model=model, image_size=image_size, epochs=epochs,
-                             batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers, resume=resume,
-                             engine=engine, reducers=reducers, extra_args=tuple(trainer_args or ()))
+        spec = train_spec(staged)
         awsrun.as_slurm_job(found, out, lambda: _on_slurm(
             found, nodes=nodes, data=staged, output=out, teardown=teardown, max_restarts=max_restarts,
             stall_timeout=stall_timeout, region=region, checkpoint_to=checkpoint_to, spec=spec), handover)
