@@ -47,3 +47,27 @@ def test_a_usage_error_inside_a_command_exits_2_with_one_line(tmp_path, monkeypa
     assert cli.main(["cost", "--reducers-per-worker", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --reducers-per-worker must be > 0, got -1 (see `launch cost --help`)"]
+
+
+@pytest.mark.parametrize(("argv", "commands"), [
+    ([], "exec, doctor, status"),
+    (["data"], "sample, convert"),
+    (["local"], "up, build, down, kill, replace"),
+])
+def test_a_group_without_its_command_shows_help_then_one_line_exit_2(tmp_path, monkeypatch, capsys, argv, commands):
+    """Every group alike, as click's no_args_is_help does (help, exit 2), with a line saying why: never an empty
+    `error:  (see ...)`, never exit 0."""
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path))
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert "Usage: launch" in out and "Commands" in out
+    path = " ".join(["launch", *argv])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: missing command; choose one of: {commands}")
+    assert lines[0].endswith(f"(see `{path} --help`)")
+
+
+def test_a_group_with_its_command_or_help_is_not_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path))
+    assert cli.main(["data", "--help"]) == 0
+    assert capsys.readouterr().err == ""

@@ -13,15 +13,31 @@ from launcher.cli import exec as exec_
 from launcher.cli import run as run_
 from launcher.errors import Detached, LaunchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class Group(typer.core.TyperGroup):
+    """A command group that, given no subcommand, shows its help and then says so in one line, exit 2. Click 8.2's
+    own NoArgsIsHelpError reaches `main` with typer's help already printed and an empty message (`error:  (see
+    ...)`), and click 8.1 exits 0; this is the same for every group, whatever click is installed."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            text = ctx.get_help()  # typer's rich help prints itself and returns ''; plain click's returns the text
+            if text:
+                click.echo(text)
+            names = ", ".join(self.list_commands(ctx))
+            raise click.UsageError(f"missing command; choose one of: {names}", ctx=ctx)
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="scaletrain: provision a GPU cluster, shard ImageNet, train ResNet-50 with Horovod over "
                        "MPI, and report what it cost. The same commands drive a local cluster of SSH nodes.")
 # Command modules without a name add their commands at the top level (typer's "One File Per Command"); the order
 # here is the order `launch --help` lists them in.
 for group in (exec_, doctor, cluster, train, run_, jobs, plan):
     app.add_typer(group.app)
-app.add_typer(local.app, name="local")
-app.add_typer(data.app, name="data")
+app.add_typer(local.app, name="local", cls=Group)
+app.add_typer(data.app, name="data", cls=Group)
 
 
 def main(argv: list[str] | None = None) -> int:
