@@ -98,6 +98,8 @@ def test_trainer_rejects_bad_options(capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--output", "o"], "error: --data is required"),
+    (["--data", "d", "--output", "o", "--epochs", "10001"], "error: --epochs must be <= 10000, got 10001"),
+    (["--data", "d", "--output", "o", "--epochs", "0"], "error: --epochs must be >= 1, got 0"),
     (["--data", "d", "--output", "o", "--loss-scale", "huge"], "error: --loss-scale must be 'dynamic' or a positive"),
     (["--data", "d", "--output", "o", "--batch-per-gpu", "10", "--backward-passes-per-step", "3"],
      "error: --batch-per-gpu 10 must be a multiple of --backward-passes-per-step 3"),

@@ -15,6 +15,18 @@ import math
 # https://arxiv.org/abs/1706.02677, 5 of 90 epochs there); a shorter run keeps the same share, not the same 10
 # epochs, which would leave a 15-epoch run two thirds in warmup.
 SEED_WARMUP_EPOCHS, SEED_EPOCHS = 10.0, 90
+# The longest run the trainer, `launch plan` and `launch cost` take: over a hundred times the seed's 90 epochs, and
+# a bound on what a plan builds per epoch (its `lr_schedule`: 10^7 epochs took 2.2 GB and 10^9 ran out of memory).
+MAX_EPOCHS = 10_000
+
+
+def epochs_problem(epochs: int) -> str | None:
+    """None for a run length the trainer, plan and cost take (1 to MAX_EPOCHS), else one line naming --epochs."""
+    if epochs < 1:
+        return f"--epochs must be >= 1, got {epochs}"
+    if epochs > MAX_EPOCHS:
+        return f"--epochs must be <= {MAX_EPOCHS}, got {epochs} (allowed: 1 to {MAX_EPOCHS} epochs)"
+    return None
 
 
 def default_warmup_epochs(epochs: int) -> float:
@@ -53,6 +65,14 @@ def lr_at(step: int, steps_per_epoch: int, epochs: int, peak: float, warmup_epoc
     if decay == "poly":
         return peak * (1 - progress) ** power
     raise ValueError(f"unknown decay '{decay}'; choose one of: poly, cosine")
+
+
+def peak_step(steps_per_epoch: int, epochs: int, warmup_epochs: float) -> int:
+    """The update at which the LR is highest: the first after warmup (0 without one), or the run's last update when
+    warmup rounds up to the whole run. It falls between epoch boundaries when warmup is not a whole number of
+    epochs (0.11 epochs for a 1-epoch run), so the by-epoch schedule alone would miss the peak."""
+    total = steps_per_epoch * epochs
+    return max(min(round(warmup_epochs * steps_per_epoch), total - 1), 0)
 
 
 def schedule_by_epoch(steps_per_epoch: int, epochs: int, peak: float, warmup_epochs: float = 10.0,

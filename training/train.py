@@ -30,7 +30,7 @@ from training import durable
 from training import engine as engines
 from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
 from training.model import ARCHITECTURES, build_model
-from training.schedule import default_warmup_epochs, lr_at, peak_lr, warmup_problem
+from training.schedule import default_warmup_epochs, epochs_problem, lr_at, peak_lr, warmup_problem
 from training.transforms import normalize
 
 
@@ -128,6 +128,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     for name in ("steps_per_epoch", "val_every", "threads", "workers"):
         if getattr(cfg, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if problem := epochs_problem(cfg.epochs):  # the ceiling `launch plan` and `launch cost` keep too
+        p.error(problem)
     cfg.warmup_epochs = default_warmup_epochs(cfg.epochs) if cfg.warmup_epochs is None else cfg.warmup_epochs
     if cfg.batch_per_gpu % cfg.backward_passes_per_step:
         p.error(f"--batch-per-gpu {cfg.batch_per_gpu} must be a multiple of --backward-passes-per-step "
