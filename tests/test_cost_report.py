@@ -88,10 +88,45 @@ def test_a_grid_over_the_cap_is_refused_naming_its_size():
     (CostGrid(nodes=(2, 4097)), ValueError, r"--nodes 4097: allowed: 1 to 4096 worker nodes"),
     (CostGrid(instance_types=("c5n.18xlarge",)), ValueError, r"c5n.18xlarge has no GPUs"),
     (CostGrid(nodes=()), ValueError, r"the grid's nodes list is empty"),
+    # Each tier, derived per worker, held to --reducers' limit (infra.catalog.MAX_NODES) and said the same way.
+    (CostGrid(nodes=(4096,), strategies=("reducers",), reducers_per_worker=3), ValueError,
+     r"^--reducers-per-worker 3 with --nodes 4096 makes 12,288 reducer nodes: allowed: 0 to 4096 reducer nodes$"),
+    (CostGrid(nodes=(1,), strategies=("ps",), ps_per_worker=1e6), ValueError,
+     r"^--ps-per-worker 1e\+06 with --nodes 1 makes 1,000,000 parameter server nodes: allowed: 0 to 4096 parameter "
+     r"server nodes$"),
+    (CostGrid(nodes=(1,), strategies=("ps",), ps_per_worker=4096.5), ValueError, r"makes 4,097 parameter server"),
+    (CostGrid(nodes=(1, 16), strategies=("ps",), ps_per_worker=1e308), ValueError,  # was an OverflowError
+     r"^--ps-per-worker 1e\+308 with --nodes 1 makes 1e\+308 parameter server nodes: allowed: 0 to 4096"),
+    (CostGrid(nodes=(16,), strategies=("ps",), ps_per_worker=1e308), ValueError, r"makes inf parameter server"),
 ])
 def test_bad_grids_are_refused_in_one_line(grid, error, match):
     with pytest.raises(error, match=match):
         grid.check()
+
+
+@pytest.mark.parametrize("grid", [
+    CostGrid(nodes=(4096,), strategies=("reducers",), reducers_per_worker=1),
+    CostGrid(nodes=(1,), strategies=("ps",), ps_per_worker=4096),
+    CostGrid(nodes=(2048,), strategies=("ps",)),  # the default 2 per worker, at the limit
+])
+def test_a_tier_of_exactly_the_node_limit_is_priced(grid):
+    grid.check()
+    strategy = grid.strategies[0]
+    assert grid.tier_nodes(strategy, grid.nodes[0]) == 4096
+    result = evaluate_grid(grid.model_copy(update={"batch_per_gpu": 1, "instance_types": ("p4d.24xlarge",)}),
+                           imagenet(), book_for(grid), today=TODAY)
+    assert [r.tier_nodes for r in result.rows] == [4096]
+
+
+def test_a_batch_larger_than_a_ranks_share_is_refused_as_plan_refuses_it():
+    """1,281,167 images over 16 x 8 ranks is 10,009 per rank: a batch of 10,009 is one step, 10,010 is none (it was
+    priced: a 1.4e17 s step, and the time to train unchanged)."""
+    grid = CostGrid(instance_types=("p5.48xlarge",), nodes=(16,), strategies=("horovod",), batch_per_gpu=10_009)
+    assert len(evaluate_grid(grid, imagenet(), book_for(grid), today=TODAY).rows) == 1
+    with pytest.raises(ValueError, match=r"^16 x p5.48xlarge: 1,281,167 images over 128 ranks is 10,009 per rank, "
+                                         r"fewer than one batch of 10010; use fewer nodes or a smaller "
+                                         r"--batch-per-gpu$"):
+        evaluate_grid(grid.model_copy(update={"batch_per_gpu": 10_010}), imagenet(), book_for(grid), today=TODAY)
 
 
 def test_spot_cells_come_from_cached_quotes_and_missing_ones_are_noted():
@@ -282,6 +317,14 @@ def test_refreshed_prices_are_cached_and_used_next_time(tmp_path, monkeypatch, c
     (["--ps-per-worker", "inf", "--strategies", "ps"], "error: --ps-per-worker must be a (finite) number, got 'inf'"),
     (["--instance-types", ""], "error: --instance-types needs a comma-separated list, got ''"),
     (["--epochs", "0"], "error: --epochs must be >= 1, got 0"),
+    (["--ps-per-worker", "1e308", "--strategies", "ps"],
+     "error: --ps-per-worker 1e+308 with --nodes 1 makes 1e+308 parameter server nodes: allowed: 0 to 4096"),
+    (["--nodes", "4096", "--strategies", "reducers", "--reducers-per-worker", "3"],
+     "error: --reducers-per-worker 3 with --nodes 4096 makes 12,288 reducer nodes: allowed: 0 to 4096 reducer nodes"),
+    (["--batch-per-gpu", "99999999999999999999", "--instance-types", "p5.48xlarge"],
+     "error: 1 x p5.48xlarge: 1,281,167 images over 8 ranks is 160,145 per rank, fewer than one batch of "
+     "99999999999999999999; use fewer nodes or a smaller --batch-per-gpu"),
+    (["--epochs", "10001"], "error: --epochs must be <= 10000, got 10001 (allowed: 1 to 10000 epochs)"),
     (["--precision", "fp8"], "error: --precision must be one of: amp, fp32; got 'fp8'"),
     (["--nodes", "2,4097"], "error: --nodes 4097: allowed: 1 to 4096 worker nodes"),
 ])

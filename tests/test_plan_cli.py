@@ -214,7 +214,7 @@ def test_plan_prints_tables_without_json(tmp_path, monkeypatch, capsys):
     for text in ("40,992 img/s, 90.0% scaling", "network-bound: 5% of each step waits on worker network (TCP)",
                  f"mpirun: {paths.MPIRUN} --prefix {paths.MPI_PREFIX} -np 64",
                  "hostfile:\nnode0 slots=8",
-                 "lr: 0.001 at epoch 0, peak 6.4 at epoch 10, 0 at epoch 90", "time to train"):
+                 "lr: 0.001 at epoch 0, peak 6.4 at epoch 10 (step 780), 0 at epoch 90", "time to train"):
         assert text in out
 
 
@@ -256,6 +256,14 @@ def test_plan_gpu_throughput_override_and_spot_from_the_cache(tmp_path, monkeypa
      "error: --reducers 4097: allowed: 0 to 4096 reducer nodes"),
     (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--reducers", "-1"],
      "error: --reducers -1: allowed: 0 to 4096 reducer nodes"),
+    (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--strategy", "ps", "--reducers", "4097"],
+     "error: --reducers 4097: allowed: 0 to 4096 parameter server nodes"),
+    # The tier the model derives (2 servers, 1 reducer per worker) is held to the same limit.
+    (["--nodes", "3000", "--instance-type", "p4d.24xlarge", "--strategy", "ps", "--batch-per-gpu", "1"],
+     "error: --strategy ps with --nodes 3000 makes 6,000 parameter server nodes (2 per worker): allowed: 0 to 4096 "
+     "parameter server nodes; set the count with --reducers"),
+    (["--nodes", "2049", "--instance-type", "p4d.24xlarge", "--strategy", "ps", "--batch-per-gpu", "1"],
+     "error: --strategy ps with --nodes 2049 makes 4,098 parameter server nodes"),
     (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--gpu-throughput", "0"],
      "error: --gpu-throughput must be a number of images/s > 0, got 0"),
     (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--precision", "fp8"],
@@ -267,6 +275,12 @@ def test_plan_gpu_throughput_override_and_spot_from_the_cache(tmp_path, monkeypa
      "error: --warmup-epochs 15 reaches the end of the 15-epoch run"),
     (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--warmup-epochs", "-1"],
      "error: --warmup-epochs must be >= 0, got -1"),
+    # A plan builds its LR schedule per epoch: 10^9 epochs ran out of memory.
+    (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", "10001"],
+     "error: --epochs must be <= 10000, got 10001 (allowed: 1 to 10000 epochs)"),
+    (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", "1000000000"],
+     "error: --epochs must be <= 10000, got 1000000000"),
+    (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", "0"], "error: --epochs must be >= 1, got 0"),
 ])
 def test_bad_input_is_one_line_and_non_zero(args, message, tmp_path, monkeypatch, capsys):
     code, out, err = launch_plan(args, tmp_path, monkeypatch, capsys)
@@ -301,6 +315,31 @@ def test_the_default_warmup_is_the_seeds_share_of_the_run_and_the_plan_shows_it(
     code, out, err = launch_plan(["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", str(epochs)],
                                  tmp_path, monkeypatch, capsys)
     assert f"after {warmup:g} warmup epoch(s)" in out
+
+
+def test_a_derived_tier_at_the_node_limit_is_planned(tmp_path, monkeypatch, capsys):
+    code, out, err = launch_plan(["--nodes", "2048", "--instance-type", "p4d.24xlarge", "--strategy", "ps",
+                                  "--batch-per-gpu", "1", "--json"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads(out)["shape"]["reducers"] == 4096
+
+
+def test_the_epoch_ceiling_admits_its_last_count(tmp_path, monkeypatch, capsys):
+    code, out, err = launch_plan(["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", "10000", "--json"],
+                                 tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads(out)["lr_schedule"][-1][0] == 10000
+
+
+@pytest.mark.parametrize(("epochs", "peak_at"), [(1, "epoch 0.11 (step 34)"), (15, "epoch 1.67 (step 521)"),
+                                                 (90, "epoch 10 (step 3,120)")])
+def test_the_lr_line_shows_the_real_peak_where_warmup_ends(epochs, peak_at, tmp_path, monkeypatch, capsys):
+    """The peak falls where warmup ends, between epoch boundaries for a short run: a 1-epoch run said 'peak 0.001 at
+    epoch 0' (the by-epoch schedule's highest entry)."""
+    code, out, err = launch_plan(["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", str(epochs)],
+                                 tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert f"lr: 0.001 at epoch 0, peak 1.6 at {peak_at}, 0 at epoch {epochs} after" in out
 
 
 def test_a_warmup_just_short_of_the_run_is_accepted(tmp_path, monkeypatch, capsys):

@@ -27,8 +27,9 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                                                                           "c5n.18xlarge (reducers), m5.24xlarge (ps)."),
              strategy: str = typer.Option(None, "--strategy", help="horovod, reducers or ps; default: reducers "
                                                                    "with --reducers or --reducer-type, else horovod."),
-             epochs: int = typer.Option(None, "--epochs", help="Default: the workload's recipe (resnet50: 90, "
-                                                               "bert-large: 1 pass of phase 1, mask-rcnn: 14)."),
+             epochs: int = typer.Option(None, "--epochs", help="1 to 10000; default: the workload's recipe "
+                                                               "(resnet50: 90, bert-large: 1 pass of phase 1, "
+                                                               "mask-rcnn: 14)."),
              batch_per_gpu: int = typer.Option(None, "--batch-per-gpu", help="Samples per rank per micro-batch; "
                                                "default: the published figure's (ResNet-50: 256)."),
              warmup_epochs: float = typer.Option(None, "--warmup-epochs", help="Linear warmup, in epochs, less "
@@ -63,16 +64,17 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                                fp16_allreduce=fp16_allreduce)
     epochs = workload.epochs
 
+    from infra.catalog import nodes_allowed
     from launcher.cost import shell as costshell
     from launcher.cost.inputs import DEFAULT_TIER_TYPE, STRATEGIES, STRATEGY_LABELS
-    from launcher.cost.model import Estimate
+    from launcher.cost.model import Estimate, default_tier_nodes, tier_noun
     from launcher.cost.prices import MARKETS, PriceUnavailable
     from launcher.plans import offline
-    from training.schedule import default_warmup_epochs, warmup_problem
+    from training.schedule import default_warmup_epochs, lr_at, peak_lr, peak_step, warmup_problem
 
     check_nodes(nodes)
     if reducers is not None:
-        check_nodes(reducers, "--reducers", role="reducer")
+        check_nodes(reducers, "--reducers", role="parameter server" if strategy == "ps" else "reducer")
     for name, value, low in (("--epochs", epochs, 1), ("--batch-per-gpu", batch_per_gpu, 1),
                              ("--images-per-epoch", images_per_epoch, 1)):
         if value is not None and value < low:
@@ -97,6 +99,11 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         raise usage_error(f"unknown strategy '{strategy}'; choose one of: {', '.join(STRATEGIES)}")
     tier = costshell.instance(reducer_type or DEFAULT_TIER_TYPE[strategy]) \
         if strategy != "horovod" or reducer_type else None
+    if reducers is None and strategy != "horovod":  # the model's count per worker, held to --reducers' limit
+        count, noun = default_tier_nodes(strategy, nodes), tier_noun(strategy)
+        if problem := nodes_allowed(count, noun):
+            raise usage_error(f"--strategy {strategy} with --nodes {nodes} makes {count:,} {noun} nodes "
+                              f"({count // nodes} per worker): {problem}; set the count with --reducers")
     figures, note = costshell.load_measured()
     constants, loader_note = costshell.model_constants()
     book = costshell.price_book([workers] + ([tier] if tier else []), [market], refresh=False)
@@ -158,10 +165,17 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     console.print("env: " + " ".join(f"{k}={v}" for k, v in doc["env"].items()), markup=False, highlight=False)
     console.print("hostfile:\n" + doc["hostfile"].rstrip(), markup=False, highlight=False)
     console.print("mpirun: " + job.command_line(doc["mpirun"]), markup=False, highlight=False)
-    schedule = doc["lr_schedule"]
-    peak_epoch, peak = max(schedule, key=lambda row: row[1])
-    console.print(f"lr: {schedule[0][1]:g} at epoch 0, peak {peak:g} at epoch {peak_epoch}, {schedule[-1][1]:g} at "
-                  f"epoch {schedule[-1][0]} after {doc['warmup_epochs']:g} warmup epoch(s) "
+    # From the schedule's function, not by scanning doc["lr_schedule"]: the peak falls where warmup ends, between
+    # epoch boundaries when warmup is not whole epochs (a 1-epoch run's 0.11), and the line costs the same for any run.
+    steps, warmup = doc["steps_per_epoch"], doc["warmup_epochs"]
+    top = peak_lr(doc["global_batch"])
+
+    def lr(step: int) -> float:
+        return lr_at(step, steps, epochs, top, warmup)
+
+    at = peak_step(steps, epochs, warmup)
+    console.print(f"lr: {lr(0):g} at epoch 0, peak {lr(at):g} at epoch {round(at / steps, 2):g} (step {at:,}), "
+                  f"{lr(steps * epochs):g} at epoch {epochs} after {warmup:g} warmup epoch(s) "
                   f"({doc['steps_per_epoch']} steps per epoch, global batch {doc['global_batch']}; every epoch with "
                   f"--json)")
     for line in e.assumptions + doc["notes"]:
@@ -205,8 +219,11 @@ def chosen_workload(name: str, *, epochs: int | None, images_per_epoch: int | No
     """--workload, or a custom model from --params/--sample-gflops/--samples-per-epoch; bad input is one line."""
     from launcher.cli.common import usage_error
     from launcher.cost import workloads
+    from training.schedule import epochs_problem
 
-    for option, value in (("--epochs", epochs), ("--images-per-epoch", images_per_epoch), ("--params", params),
+    if epochs is not None and (problem := epochs_problem(epochs)):  # a plan builds its LR schedule per epoch
+        raise usage_error(problem)
+    for option, value in (("--images-per-epoch", images_per_epoch), ("--params", params),
                           ("--samples-per-epoch", samples_per_epoch)):
         if value is not None and value < 1:
             raise usage_error(f"{option} must be >= 1, got {value}")
@@ -244,7 +261,7 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
              reducers_per_worker: float = typer.Option(1.0, "--reducers-per-worker"),
              ps_type: str = typer.Option("m5.24xlarge", "--ps-type", help="Parameter-server instance type."),
              ps_per_worker: float = typer.Option(2.0, "--ps-per-worker", help="Seed 003: 2 servers per worker."),
-             epochs: int = typer.Option(None, "--epochs", help="Default: the workload's recipe."),
+             epochs: int = typer.Option(None, "--epochs", help="1 to 10000; default: the workload's recipe."),
              batch_per_gpu: int = typer.Option(None, "--batch-per-gpu", help="Default: the published figure's."),
              images_per_epoch: int = typer.Option(None, "--images-per-epoch", help="Default: the workload's."),
              gpu_throughput: float = typer.Option(None, "--gpu-throughput", help="Single-GPU ResNet-50 images/s "
@@ -279,6 +296,7 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     from launcher.cost import report as costreport
     from launcher.cost import shell as costshell
     from launcher.cost.inputs import STRATEGY_LABELS
+    from launcher.cost.model import BatchTooLarge
 
     if out is not None and not out.strip():  # Path("") is ".": the report would land in the current directory
         raise usage_error(f"--out needs a directory name, got {out!r}")
@@ -311,6 +329,8 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     try:
         result = costreport.evaluate_grid(grid, workload, book, today=dt.date.today(), measured=figures,
                                           constants=constants)
+    except BatchTooLarge as e:  # a bad --batch-per-gpu, as `launch plan` says it
+        raise usage_error(str(e)) from None
     except ValueError as e:
         raise LaunchError(option_names(str(e))) from None
     for line in [*result.notes, *(n for n in (note, loader_note) if n)]:

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.catalog import InstanceType, get
+from infra.catalog import InstanceType, get, nodes_allowed
 from launcher.cost.inputs import (
     DEFAULT_CONSTANTS,
     DEFAULT_TIER_TYPE,
@@ -53,7 +53,8 @@ from launcher.cost.inputs import (
 from launcher.cost.prices import PriceQuote, catalog_quote
 from launcher.plans import loading
 
-__all__ = ["Estimate", "compare", "default_tier_nodes", "estimate", "model_notes", "node_efficiency", "sync_overhead"]
+__all__ = ["BatchTooLarge", "Estimate", "compare", "default_tier_nodes", "estimate", "model_notes", "node_efficiency",
+           "steps_per_epoch", "sync_overhead", "tier_noun"]
 
 _TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
 # A multi-node shape is network-bound when at least this share of each step waits on communication (seed 000's
@@ -233,6 +234,25 @@ def _verdict(instance: InstanceType, nodes: int, strategy: str, bottleneck: str,
                              "it: faster GPUs, or more of them")
 
 
+class BatchTooLarge(ValueError):
+    """An epoch's share of samples per rank is smaller than one batch: no step would run (a bad --batch-per-gpu or
+    --nodes, said by `launch plan` and `launch cost` alike)."""
+
+
+def steps_per_epoch(images: int, ranks: int, batch_per_gpu: int) -> int:
+    """Full batches each rank makes from an even share of the epoch's images (the trainer drops the rest)."""
+    steps = images // ranks // batch_per_gpu
+    if steps < 1:
+        raise BatchTooLarge(f"{images:,} images over {ranks} ranks is {images // ranks:,} per rank, fewer than one "
+                            f"batch of {batch_per_gpu}; use fewer nodes or a smaller --batch-per-gpu")
+    return steps
+
+
+def tier_noun(strategy: str) -> str:
+    """'reducer' or 'parameter server': what one node of the strategy's CPU tier is called."""
+    return _TIER_NOUN[strategy]
+
+
 def default_tier_nodes(strategy: str, nodes: int) -> int:
     """Seed 003's 2 parameter servers per worker; seed 004's one reducer per worker; none for horovod."""
     return {"ps": 2 * nodes, "reducers": nodes}.get(strategy, 0)
@@ -289,6 +309,8 @@ def estimate(
             raise ValueError(f"{STRATEGY_LABELS[strategy]} run on CPU instance types; {tier.name} has GPUs")
         if tier_nodes < 1:
             raise ValueError(f"the {strategy} strategy needs at least 1 {_TIER_NOUN[strategy]} node, got {tier_nodes}")
+        if problem := nodes_allowed(tier_nodes, _TIER_NOUN[strategy]):  # the commands name their options first
+            raise ValueError(f"{tier_nodes:,} {_TIER_NOUN[strategy]} nodes: {problem}")
     price = price or catalog_quote(instance)
     if price.instance_type != instance.name:
         raise ValueError(f"price is for {price.instance_type}, not {instance.name}")

@@ -20,7 +20,7 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.catalog import get, nodes_allowed
+from infra.catalog import MAX_NODES, get, nodes_allowed
 from launcher.cost.inputs import (
     DEFAULT_CONSTANTS,
     DEFAULT_TIER_TYPE,
@@ -30,7 +30,7 @@ from launcher.cost.inputs import (
     ModelConstants,
     Workload,
 )
-from launcher.cost.model import Estimate, estimate, model_notes
+from launcher.cost.model import Estimate, estimate, model_notes, steps_per_epoch, tier_noun
 from launcher.cost.prices import MARKETS, PriceBook, PriceQuote
 
 __all__ = [
@@ -75,7 +75,25 @@ class CostGrid(BaseModel):
 
     def tier_nodes(self, strategy: str, nodes: int) -> int:
         ratio = {"ps": self.ps_per_worker, "reducers": self.reducers_per_worker}.get(strategy, 0.0)
+        if problem := self.tier_problem(strategy, nodes):  # also a ratio whose product overflows a float
+            raise ValueError(problem)
         return max(1, math.ceil(ratio * nodes - 1e-9)) if ratio else 0
+
+    def tier_problem(self, strategy: str, nodes: int) -> str | None:
+        """None when ``nodes`` workers' share of the strategy's tier (--reducers-per-worker or --ps-per-worker
+        each) is within the one node limit (infra.catalog.MAX_NODES) `launch plan --reducers` keeps, else one line
+        naming the options that made it."""
+        option, ratio = {"ps": ("--ps-per-worker", self.ps_per_worker),
+                         "reducers": ("--reducers-per-worker", self.reducers_per_worker)}.get(strategy, ("", 0.0))
+        if not ratio:
+            return None
+        count = ratio * nodes - 1e-9  # a float: 1e308 x 16 is inf, never an OverflowError
+        if count <= MAX_NODES:
+            return None
+        noun = tier_noun(strategy)
+        shown = f"{math.ceil(count):,}" if count < 1e15 else f"{count:.3g}"
+        return f"{option} {ratio:g} with --nodes {nodes} makes {shown} {noun} nodes: " \
+               f"{nodes_allowed(MAX_NODES + 1, noun)}"
 
     def check(self) -> None:
         """``ValueError`` (one line) for an empty axis, an unknown name or a grid over :data:`MAX_CELLS`."""
@@ -97,6 +115,10 @@ class CostGrid(BaseModel):
         for n in self.nodes:
             if problem := nodes_allowed(n):  # the one limit (infra.catalog.MAX_NODES) plan and the stack keep
                 raise ValueError(f"--nodes {n}: {problem}")
+        for s in self.strategies:  # the tiers too, each node count's share
+            for n in self.nodes:
+                if problem := self.tier_problem(s, n):
+                    raise ValueError(problem)
         for name in self.instance_types:
             if get(name).gpus == 0:
                 raise ValueError(f"{name} has no GPUs; list GPU instance types (reducer and server types are "
@@ -140,7 +162,7 @@ def evaluate_grid(grid: CostGrid, workload: Workload, book: PriceBook, *, today:
                         missing.setdefault(market, set()).add(t)
                     continue
                 for nodes in grid.nodes:
-                    rows.append(estimate(
+                    row = estimate(
                         instance, nodes, workload, strategy=strategy, tier=tier,
                         tier_nodes=grid.tier_nodes(strategy, nodes) if tier is not None else None,
                         gpu_throughput=grid.gpu_throughput, precision=grid.precision,  # type: ignore[arg-type]
@@ -148,7 +170,13 @@ def evaluate_grid(grid: CostGrid, workload: Workload, book: PriceBook, *, today:
                         price=book.quote(name, market),  # type: ignore[arg-type]
                         tier_price=book.quote(tier.name, market) if tier is not None else None,  # type: ignore[arg-type]
                         constants=constants,
-                    ))
+                    )
+                    try:  # `launch plan`'s check: a batch larger than each rank's share of the epoch is refused
+                        steps_per_epoch(workload.images_per_epoch, row.nodes * instance.gpus,
+                                        row.batch_per_gpu * row.accumulation_steps)
+                    except ValueError as e:
+                        raise type(e)(f"{row.shape}: {e}") from None
+                    rows.append(row)
                     keys.update((t, market) for t in needed)
     for market, types in sorted(missing.items()):
         notes.append(f"no {market} price for {', '.join(sorted(types))}: those cells are left out"

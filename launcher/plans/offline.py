@@ -16,7 +16,7 @@ from infra.catalog import InstanceType, get
 from infra.layout import efa_device_count, interfaces
 from launcher.cluster import Cluster, Node
 from launcher.cost.inputs import DEFAULT_CONSTANTS, GpuThroughput, ModelConstants, Precision, Workload
-from launcher.cost.model import Estimate, estimate
+from launcher.cost.model import Estimate, estimate, steps_per_epoch  # steps_per_epoch: this module's API too
 from launcher.cost.prices import PriceQuote
 from launcher.plans import efa, job
 from training.schedule import default_warmup_epochs, peak_lr, schedule_by_epoch, warmup_problem
@@ -52,15 +52,6 @@ def hypothetical_cluster(instance: InstanceType, nodes: int, *, tier: InstanceTy
                    ssh_config=PLACEHOLDERS["ssh_config"], known_hosts=PLACEHOLDERS["known_hosts"],
                    python=PLACEHOLDERS["python"], mpirun=paths.MPIRUN, mpi_prefix=paths.MPI_PREFIX,
                    instance_type=instance.name)
-
-
-def steps_per_epoch(images: int, ranks: int, batch_per_gpu: int) -> int:
-    """Full batches each rank makes from an even share of the epoch's images (the trainer drops the rest)."""
-    steps = images // ranks // batch_per_gpu
-    if steps < 1:
-        raise ValueError(f"{images:,} images over {ranks} ranks is {images // ranks:,} per rank, fewer than one "
-                         f"batch of {batch_per_gpu}; use fewer nodes or a smaller --batch-per-gpu")
-    return steps
 
 
 def plan_document(
