@@ -71,7 +71,7 @@ def test_by_hand_on_two_nodes_then_merge(source, tmp_path):
         (["{src}", "--out", "{tmp}/o", "--quality", "0"], "--quality must be between 1 and 100, got 0"),
         (["{src}", "--out", "{tmp}/o", "--node-index", "2", "--node-count", "2"],
          "--node-index must be between 0 and 1 (--node-count 2), got 2"),
-        (["{src}", "--out", "o", "--merge"], "--merge takes only --out and --node-count"),
+        (["{src}", "--out", "o", "--merge"], "--merge takes only --out and --node-count; leave out SRC"),
         (["{src}", "--out", "/fsx/o", "--cluster", "nosuch"], "unknown cluster 'nosuch'"),
         # With --cluster the paths are the nodes': a relative one would be resolved against this machine.
         (["raw", "--out", "/fsx/o", "--cluster", "nosuch"], "SRC raw must be an absolute path as the nodes see it"),

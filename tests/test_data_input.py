@@ -155,6 +155,13 @@ def test_an_empty_directory_takes_a_sample(tmp_path):
         (["--per-class", "2", "--val-per-class", "-1"], "--val-per-class must be >= 0, got -1"),
         (["--classes", "1"], "--classes must be between 2 and 1000, got 1"),
         (["--seed", "-1"], "--seed must be >= 0, got -1"),
+        # Upper bounds, checked before anything is written (20 digits wrote ~6,900 images, then 'Value too large').
+        (["--classes", "2", "--per-class", "99999999999999999999"],
+         "--per-class must be <= 10000, got 99999999999999999999 (allowed: 1 to 10000)"),
+        (["--per-class", "10001"], "--per-class must be <= 10000, got 10001 (allowed: 1 to 10000)"),
+        (["--per-class", "2", "--val-per-class", "10001"],
+         "--val-per-class must be <= 10000, got 10001 (allowed: 0 to 10000)"),
+        (["--classes", "1001"], "--classes must be between 2 and 1000, got 1001"),
     ],
 )
 def test_sample_options_out_of_range_name_the_option(tmp_path, args, message):
@@ -201,6 +208,15 @@ def test_the_smallest_allowed_options_are_accepted(src, tmp_path):
     assert "(train: 2 samples in 2 shards); 0 inputs rejected" in proc.stdout
 
 
+def test_the_largest_allowed_sample_options_are_accepted():
+    """The other side of the upper bounds (writing 2 x 10,000 images takes a minute: the check itself is asked)."""
+    from training.sample import MAX_PER_CLASS, check_sample_options
+
+    assert MAX_PER_CLASS == 10_000
+    check_sample_options(1000, 10_000, 10_000, 0)
+    check_sample_options(2, 1, 0, 0)
+
+
 def test_sample_help_states_the_real_val_default():
     proc = launch(Path("/tmp"), "data", "sample", "--help", check=True)
     assert "default: a fifth of --per-class, at least 2" in " ".join(proc.stdout.split())
@@ -220,6 +236,41 @@ def test_convert_of_a_file_says_it_is_a_file(tmp_path):
     tar.write_bytes(b"x")
     assert_one_line_error(launch(tmp_path / "home", "data", "convert", str(tar), "--out", str(tmp_path / "o")),
                           f"SRC {tar} is a file;", f"pass the directory that holds it: {tmp_path}/dl")
+
+
+def test_convert_of_a_device_or_fifo_says_it_is_not_a_directory(tmp_path):
+    """/dev/null and a FIFO exist: 'does not exist' was the wrong reason."""
+    os.mkfifo(tmp_path / "fifo")
+    for src, kind in (("/dev/null", "a character device"), (str(tmp_path / "fifo"), "a FIFO")):
+        assert_one_line_error(launch(tmp_path / "home", "data", "convert", src, "--out", str(tmp_path / "o")),
+                              f"SRC {src} is not a directory ({kind}); SRC is the directory that holds train/")
+    assert_one_line_error(launch(tmp_path / "home", "data", "convert", str(tmp_path / "none"), "--out",
+                                 str(tmp_path / "o")), f"SRC {tmp_path}/none does not exist")
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_empty_src_is_refused_not_the_current_directory(tmp_path):
+    before = sorted(os.listdir(Path(__file__).resolve().parent.parent))  # launch runs in the repository root
+    proc = launch(tmp_path / "home", "data", "convert", "", "--out", str(tmp_path / "o"))
+    assert_one_line_error(proc, "SRC is empty: name the directory that holds ImageNet")
+    assert proc.returncode == 2
+    assert sorted(os.listdir(Path(__file__).resolve().parent.parent)) == before
+    assert not (tmp_path / "o").exists()
+    # "." is a name: it is the current directory because it was asked for (the repository root has no train/).
+    assert "SRC is empty" not in launch(tmp_path / "home", "data", "convert", ".", "--out", str(tmp_path / "o")).stderr
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    (["{src}"], "leave out SRC {src}"),
+    (["--cluster", "c1"], "leave out --cluster c1"),
+    (["{src}", "--cluster", "c1"], "leave out SRC {src} and --cluster c1"),
+])
+def test_merge_names_the_argument_it_does_not_take(src, tmp_path, extra, named):
+    args = [a.format(src=src) for a in extra]
+    proc = launch(tmp_path / "home", "data", "convert", *args, "--out", str(tmp_path / "o"), "--merge",
+                  "--node-count", "2")
+    assert_one_line_error(proc, f"--merge takes only --out and --node-count; {named.format(src=src)}")
+    assert proc.returncode == 2
 
 
 def test_random_bytes_named_like_the_val_tar_are_not_a_tar_before_labels_are_asked_for(tmp_path):

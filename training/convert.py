@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import stat
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -140,6 +141,16 @@ def convert(
     return manifest
 
 
+def _kind(path: Path) -> str:
+    """'a character device', 'a FIFO', ...: what a path that is neither a file nor a directory is."""
+    mode = path.stat().st_mode
+    for test, kind in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "an unusual file"
+
+
 def check_paths(src: Path, out: Path) -> None:
     """ConvertError (one line) when SRC is not a directory, OUT is a file, or OUT lies where the listing reads
     images (SRC's train/ or val/: the next run would take the shards folder for a class and its tars for images)."""
@@ -147,8 +158,11 @@ def check_paths(src: Path, out: Path) -> None:
         hint = f"; pass the directory that holds it: {src.parent}" if src.name in (TRAIN_TAR, VAL_TAR) else ""
         raise ConvertError(f"SRC {src} is a file; SRC is the directory that holds train/ and val/ or {TRAIN_TAR} and "
                            f"{VAL_TAR}{hint}")
-    if not src.is_dir():
+    if not src.exists():
         raise ConvertError(f"SRC {src} does not exist")
+    if not src.is_dir():  # a device (/dev/null), a FIFO or a socket: it exists, so say what it is
+        raise ConvertError(f"SRC {src} is not a directory ({_kind(src)}); SRC is the directory that holds train/ and "
+                           f"val/ or {TRAIN_TAR} and {VAL_TAR}")
     if out.exists() and not out.is_dir():
         raise ConvertError(f"--out {out} is a file, not a directory")
     where = out.resolve()

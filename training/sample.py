@@ -44,6 +44,10 @@ IMAGENET_WNIDS = (
 )  # fmt: skip
 
 MIN_CLASSES, MAX_CLASSES = 2, 1000
+# Images per class and split: ILSVRC2012 has at most 1,300 training and 50 validation images per class; a sample is
+# for trying the pipeline, and 10,000 x 1,000 classes (10^7 small JPEGs) is already more than that needs. Checked
+# before anything is written (99999999999999999999 wrote thousands of images, then failed).
+MAX_PER_CLASS = 10_000
 # Beside train/ and val/, the record of what this module wrote there: the options of every run whose images may be
 # in the directory (one when it finished; two while a run replaces an earlier one), so a later run replaces exactly
 # those files and leaves anything else alone.
@@ -178,8 +182,13 @@ def check_sample_options(classes: int, per_class: int, val_per_class: int, seed:
         raise OptionError(f"--classes must be between {MIN_CLASSES} and {MAX_CLASSES}, got {classes}")
     if per_class < 1:
         raise OptionError(f"--per-class must be >= 1, got {per_class}")
+    if per_class > MAX_PER_CLASS:
+        raise OptionError(f"--per-class must be <= {MAX_PER_CLASS}, got {per_class} (allowed: 1 to {MAX_PER_CLASS})")
     if val_per_class < 0:
         raise OptionError(f"--val-per-class must be >= 0, got {val_per_class}")
+    if val_per_class > MAX_PER_CLASS:
+        raise OptionError(f"--val-per-class must be <= {MAX_PER_CLASS}, got {val_per_class} (allowed: 0 to "
+                          f"{MAX_PER_CLASS})")
     if seed < 0:
         raise OptionError(f"--seed must be >= 0, got {seed}")
 

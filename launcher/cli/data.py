@@ -69,10 +69,10 @@ def out_dir(out: str) -> Path:
 def data_sample(out: str = typer.Option(..., "--out", help="Directory to create (ILSVRC2012 layout): new, empty, "
                                                            "or an earlier sample, which this one replaces."),
                 classes: int = typer.Option(10, "--classes", help="Number of classes (2..1000)."),
-                per_class: int = typer.Option(100, "--per-class", help="Training images per class."),
+                per_class: int = typer.Option(100, "--per-class", help="Training images per class (1..10000)."),
                 val_per_class: int = typer.Option(None, "--val-per-class",
-                                                  help="Validation images per class; default: a fifth of "
-                                                       "--per-class, at least 2."),
+                                                  help="Validation images per class (0..10000); default: a fifth "
+                                                       "of --per-class, at least 2."),
                 seed: int = typer.Option(0, "--seed", help="Same seed, same bytes.")):
     """Write a synthetic data set in the real ILSVRC2012 layout, learnable by a small network."""
     from training.sample import OptionError, default_val_per_class, make_sample
@@ -92,7 +92,7 @@ def data_sample(out: str = typer.Option(..., "--out", help="Directory to create 
 
 
 @app.command("convert")
-def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet as you have it (see above)."),
+def data_convert(src_arg: str = typer.Argument(None, metavar="SRC", help="ImageNet as you have it (see above)."),
                  out: str = typer.Option(..., "--out", help="Directory for the shards and manifest.json (not in "
                                                             "SRC's train/ or val/)."),
                  shard_size: int = typer.Option(1000, "--shard-size", help="Samples per shard."),
@@ -135,6 +135,10 @@ def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet 
                       highlight=False)
 
     out = out_dir(out)
+    # A str, not typer's Path: Path('') is '.', so an empty SRC would quietly convert the current directory.
+    if src_arg is not None and not src_arg.strip():
+        raise usage_error("SRC is empty: name the directory that holds ImageNet (train/ and val/, or its tars)")
+    src = Path(src_arg) if src_arg is not None else None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         # Checked here too with --cluster, so that a bad option is one line, not one per node.
@@ -144,8 +148,10 @@ def data_convert(src: Path = typer.Argument(None, metavar="SRC", help="ImageNet 
         raise usage_error(str(e)) from None
     try:
         if merge:
-            if cluster is not None or src is not None:
-                raise LaunchError("--merge takes only --out and --node-count")
+            extra = [name for name, given in ((f"SRC {src}", src is not None), (f"--cluster {cluster}",
+                                                                                  cluster is not None)) if given]
+            if extra:  # the nodes' manifests are merged in --out; nothing is read from SRC or a cluster
+                raise usage_error(f"--merge takes only --out and --node-count; leave out {' and '.join(extra)}")
             summary(merge_manifests(out, node_count), f"{out}/manifest.json")
             return
         if src is None:
