@@ -256,8 +256,8 @@ def test_train_teardown_when_a_node_never_becomes_ready(env, monkeypatch, capsys
 def test_train_on_a_missing_stack_is_one_line(env, capsys):
     assert cli.main(["train", "--cluster", "ghost", "--nodes", "8"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: no stack 'ghost' in us-east-1 (wrong region? pass --region); deploy one with "
-                   "`npx cdk deploy -c cluster_name=ghost`"]
+    assert err == ["error: unknown cluster 'ghost'; known clusters: none; on AWS: no stack 'ghost' in us-east-1 "
+                   "(wrong region? pass --region); deploy one with `npx cdk deploy -c cluster_name=ghost`"]
 
 
 def test_a_replaced_worker_is_discovered_with_its_new_key_pinned_and_the_old_one_gone(env):

@@ -81,10 +81,12 @@ def test_no_region_anywhere_is_one_line_naming_every_way_to_give_one(env, monkey
 
 @pytest.mark.parametrize("argv", [["status"], ["ssh", "--cluster", "nosuch", "node0"], ["doctor"],
                                   ["exec", "--cluster", "nosuch", "--", "true"], ["jobs"], ["logs", "--cluster",
-                                                                                           "nosuch", "1"]])
+                                                                                           "nosuch", "1"],
+                                  ["cancel", "--cluster", "nosuch", "1"], ["run", "--cluster", "nosuch", "--", "true"],
+                                  ["train"]])
 def test_an_unknown_cluster_gets_one_answer_from_every_command(argv, env, capsys):  # noqa: F811
     """status, ssh and doctor said three different things; now each says what this machine knows and what AWS
-    said, in the same line."""
+    said, in the same line (run and train too: they said 'no AWS region' and "stack 'nosuch': ...")."""
     if "--cluster" not in argv:
         argv = [*argv, "--cluster", "nosuch"]
     assert cli.main(argv) == 1
@@ -93,11 +95,27 @@ def test_an_unknown_cluster_gets_one_answer_from_every_command(argv, env, capsys
                    "(wrong region? pass --region); deploy one with `npx cdk deploy -c cluster_name=nosuch`\n")
 
 
-@pytest.mark.parametrize("command", ["ssh", "doctor", "exec"])
+@pytest.mark.parametrize("command", ["ssh", "doctor", "exec", "run", "train"])
 def test_ssh_doctor_and_exec_take_region_and_profile(command, capsys):
     assert cli.main([command, "--help"]) == 0
     out = capsys.readouterr().out
     assert "--region" in out and "--profile" in out
+
+
+@pytest.mark.parametrize("argv", [["status"], ["jobs"], ["logs", "1"], ["cancel", "1"], ["run", "--", "true"],
+                                  ["train"]])
+def test_with_no_region_named_every_command_looks_where_the_stack_is(argv, env, monkeypatch, capsys):  # noqa: F811
+    """No cluster known, no region in the environment: run said 'no AWS region' where status and train look in
+    cdk.json's region (where `npx cdk deploy` puts the stack), as every command now does."""
+    from launcher.cli import common
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    assert common.cdk_region() == "us-east-1"
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err == (
+        "error: no cluster is up; start one with `launch local up --nodes 2` (or deploy one with `npx cdk deploy`); "
+        "on AWS: no stack 'scaletrain' in us-east-1 (wrong region? pass --region); deploy one with `npx cdk deploy "
+        "-c cluster_name=scaletrain`\n")
 
 
 def test_ssh_reaches_a_stack_in_the_region_given_with_region(env, no_console, monkeypatch, capsys):  # noqa: F811
@@ -147,6 +165,28 @@ def test_cluster_help_says_the_aws_fallback(capsys):
     (["down", "--cluster", " "], "error: --cluster needs a name, got ' '"),
     (["discover", "--cluster", ""], "error: --cluster needs a stack name, got ''"),
     (["local", "up", "--nodes", "60", "--reducers", "5"], "error: --nodes + --reducers must be at most 64"),
+    (["discover", "--ready-timeout", "inf"], "error: --ready-timeout must be a finite number of seconds >= 0, got inf"),
+    # launch run: exit 1 for each before, and only after asking AWS for a region.
+    (["run", "--procs-per-node", "0", "--", "true"], "error: --procs-per-node must be >= 1, got 0"),
+    (["run", "--engine", "foo", "--", "true"], "error: --engine must be one of: horovod, ddp, reducer; got 'foo'"),
+    (["run", "--reducers", "-1", "--", "true"], "error: --reducers must be >= 0, got -1"),
+    (["run", "--engine", "horovod", "--reducers", "1", "--", "true"],
+     "error: --reducers uses the reducer engine; leave out --engine horovod"),
+    (["run", "--engine", "reducer", "--", "true"], "error: --engine reducer needs --reducers K"),
+    (["run", "--stall-timeout", "nan", "--", "true"], "error: --stall-timeout must be a number of seconds >= 0 (0: "
+                                                      "never), got nan"),
+    (["run", "--stall-timeout", "-1", "--", "true"], "error: --stall-timeout must be a number of seconds >= 0"),
+    (["run", "--max-restarts", "-1", "--", "true"], "error: --max-restarts must be >= 0, got -1"),
+    (["run", "--nodes", "0", "--", "true"], "error: --nodes must be >= 1, got 0"),
+    (["run", "--workdir", "", "--", "true"], "error: --workdir needs a directory, got ''"),  # Path('') is '.'
+    (["run", "--workdir", "/etc/hostname", "--", "true"], "error: --workdir must be a directory; /etc/hostname is "
+                                                          "not one"),
+    (["run", "--workdir", "/no/such/dir", "--", "true"], "error: --workdir must be a directory; /no/such/dir"),
+    (["run", "--", ""], "error: launch run needs a command after --, e.g. `launch run -- python train.py`; got ''"),
+    (["run"], "error: launch run needs a command after --"),
+    (["run", "--checkpoint-to", "/tmp/x", "--", "true"], "error: --checkpoint-to must be s3://BUCKET/PREFIX"),
+    (["run", "--region", "", "--", "true"], "error: --region needs a region name such as us-east-1, got ''"),
+    (["run", "--profile", " ", "--", "true"], "error: --profile needs a profile name (as in ~/.aws/config), got ' '"),
 ])
 def test_bad_options_are_usage_errors_in_every_command(argv, said, tmp_path, monkeypatch, capsys):
     """Exit 2 and one line, before any cluster or AWS call, as click's own usage errors (they exited 1 or 2)."""
@@ -165,6 +205,25 @@ def test_the_last_node_count_reaches_aws(tmp_path, monkeypatch, capsys):
         monkeypatch.delenv(key, raising=False)
     assert cli.main(["preflight", "-c", "nodes=4096"]) == 1  # accepted; what stops it is AWS (no credentials)
     assert "no AWS credentials" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    # The other side of each limit above: accepted, so what stops the command is the cluster (none here) or AWS.
+    (["run", "--procs-per-node", "1", "--reducers", "0", "--stall-timeout", "0", "--max-restarts", "0", "--nodes",
+      "1", "--", "true"], "no AWS credentials"),
+    (["run", "--engine", "reducer", "--reducers", "1", "--stall-timeout", "1e9", "--", "true"], "no AWS credentials"),
+    (["run", "--workdir", "WORKDIR", "--region", "us-east-1", "--profile", "p", "--", "true"], "AWS session"),
+    (["discover", "--ready-timeout", "0"], "no AWS credentials"),
+])
+def test_the_allowed_side_of_each_limit_goes_on(argv, said, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(key, raising=False)
+    assert cli.main([str(tmp_path) if a == "WORKDIR" else a for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
 
 
 def test_local_replace_help_says_which_nodes_get_a_new_port(capsys):

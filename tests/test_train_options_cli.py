@@ -30,6 +30,18 @@ def train(tmp_path, monkeypatch, capsys, *args: str) -> tuple[int, str]:
     (["--model", "vgg"], "error: unknown model"),
     (["--workers", "-1"], "error: --workers must be >= 0, got -1"),
     (["--cluster", ""], "error: --cluster needs a name, got ''"),
+    # Each of these asked AWS first ("stack 'scaletrain': no AWS credentials", exit 1).
+    (["--nodes", "0"], "error: --nodes must be >= 1, got 0"),
+    (["--nodes", "-1"], "error: --nodes must be >= 1, got -1"),
+    (["--ready-timeout", "-1"], "error: --ready-timeout must be a number of seconds >= 0, got -1"),  # as discover
+    (["--ready-timeout", "nan"], "error: --ready-timeout must be a number of seconds >= 0, got nan"),
+    (["--ready-timeout", "inf"], "error: --ready-timeout must be a finite number of seconds >= 0, got inf"),
+    (["--probe-interval", "0"], "error: --probe-interval must be a number of seconds > 0, got 0"),
+    (["--probe-interval", "inf"], "error: --probe-interval must be a finite number of seconds > 0, got inf"),
+    (["--data", ""], "error: --data needs a shards directory or s3://BUCKET/PREFIX (leave it out for sample data), "
+                     "got ''"),  # it quietly meant "make sample data"
+    (["--region", ""], "error: --region needs a region name such as us-east-1, got ''"),
+    (["--profile", ""], "error: --profile needs a profile name (as in ~/.aws/config), got ''"),
 ])
 def test_bad_options_are_usage_errors_before_any_cluster_is_sought(args, said, tmp_path, monkeypatch, capsys):
     code, err = train(tmp_path, monkeypatch, capsys, *args)
@@ -37,7 +49,9 @@ def test_bad_options_are_usage_errors_before_any_cluster_is_sought(args, said, t
 
 
 @pytest.mark.parametrize("args", [["--epochs", "15", "--warmup-epochs", "14.5"], ["--out", "r", "--resume"],
-                                  ["--output", "r", "--resume"], ["--out", "r", "--output", "r", "--resume"]])
+                                  ["--output", "r", "--resume"], ["--out", "r", "--output", "r", "--resume"],
+                                  ["--nodes", "1"], ["--ready-timeout", "0"], ["--probe-interval", "0.5"],
+                                  ["--ready-timeout", "1e9"], ["--data", "shards"], ["--region", "us-east-1"]])
 def test_good_options_pass_to_finding_the_cluster(args, tmp_path, monkeypatch, capsys):
     """Past the checks the next answer is the cluster's (none here; AWS's stack 'scaletrain' cannot be read without
     credentials): the options themselves were accepted."""

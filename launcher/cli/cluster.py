@@ -16,6 +16,7 @@ from launcher.cli.common import (
     RegionOpt,
     aws_session,
     cdk_json,
+    check_seconds,
     console,
     resolve,
     reword,
@@ -236,8 +237,7 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
     from launcher.cluster.aws import api as aws
     from launcher.execute import awsrun
 
-    if not ready_timeout >= 0:
-        raise usage_error(f"--ready-timeout must be a number of seconds >= 0, got {ready_timeout:g}")
+    check_seconds("--ready-timeout", ready_timeout)  # train's too
     if cluster is not None and not cluster.strip():
         raise usage_error(f"--cluster needs a stack name, got {cluster!r}")
     stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK

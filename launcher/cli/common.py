@@ -225,3 +225,47 @@ def validation_error(e: Any, options: Mapping[str, str] | None = None) -> click.
     field = str(first["loc"][0]) if first.get("loc") else ""
     option = (options or {}).get(field) or _flags().get(field) or f"--{field.replace('_', '-')}"
     return usage_error(f"{option} {plain(first)}")
+
+
+# --- Checks several commands share, made before any cluster or AWS is asked ----------------------------------------
+
+
+def check_named(option: str, value: str | None, what: str) -> None:
+    """An option given as '' (or blanks), which would quietly mean its default, is a usage error: ``what`` says
+    what the option takes ("a region name such as us-east-1")."""
+    if value is not None and not value.strip():
+        raise usage_error(f"{option} needs {what}, got {value!r}")
+
+
+def check_aws_options(region: str | None, profile: str | None) -> None:
+    """--region and --profile, when given, name something: '' would quietly mean the environment's."""
+    check_named("--region", region, "a region name such as us-east-1")
+    check_named("--profile", profile, "a profile name (as in ~/.aws/config)")
+
+
+def check_seconds(option: str, value: float, *, zero: bool = True, note: str = "") -> None:
+    """A duration option: a finite number of seconds, >= 0 (``zero``) or > 0; else one usage-error line that names
+    the option and what it takes (``note``: what 0 means, say)."""
+    import math
+
+    bound = ">=" if zero else ">"
+    if not (value >= 0 if zero else value > 0):  # nan too
+        raise usage_error(f"{option} must be a number of seconds {bound} 0{note}, got {value:g}")
+    if not math.isfinite(value):
+        raise usage_error(f"{option} must be a finite number of seconds {bound} 0{note}, got {value:g}")
+
+
+def stack_session(c: clusters.Cluster | None, stack: str, region: str | None, profile: str | None, *,
+                  cluster: str | None = None):
+    """The AWS session for a command that runs on the stack ``stack`` (train, run), chosen as for every command
+    (aws_session); a stack this machine has not saved must be there, else the one line resolve gives: what this
+    machine knows and what AWS said."""
+    sess = aws_session(c, region, profile, cluster=cluster)
+    if c is None:
+        from launcher.cluster.aws import api as aws
+
+        try:
+            aws.stack_outputs(sess, stack)
+        except LaunchError as e:
+            raise _nowhere(cluster, e) from None
+    return sess

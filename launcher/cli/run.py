@@ -14,7 +14,17 @@ from pathlib import Path
 import typer
 
 from launcher import cluster as clusters
-from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, target
+from launcher.cli.common import (
+    ClusterOpt,
+    ProfileOpt,
+    RegionOpt,
+    check_aws_options,
+    check_seconds,
+    console,
+    stack_session,
+    target,
+    usage_error,
+)
 from launcher.errors import LaunchError
 
 app = typer.Typer()
@@ -29,7 +39,7 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
                                              help="What every process runs, from the synced working directory."),
          cluster: str = ClusterOpt,
          nodes: int = typer.Option(None, "--nodes", help="Worker nodes to use; default all."),
-         workdir: Path = typer.Option(Path("."), "--workdir", help="Directory copied to the shared storage (only "
+         workdir: str = typer.Option(".", "--workdir", help="Directory copied to the shared storage (only "
                                                                    "what changed since the last run; .git, caches "
                                                                    "and the patterns in .scaletrainignore are left "
                                                                    "out); COMMAND runs from the copy."),
@@ -53,53 +63,60 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
     """Run your own command on every node (one process per GPU), as a Slurm job; stream its output."""
     from launcher.plans import userjob
 
+    # Every option is checked here, before a cluster or AWS is asked: a bad one is a usage error (exit 2, one line).
     command = [a for a in (command or [])]
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        raise LaunchError("launch run needs a command after --, e.g. `launch run -- python train.py`")
+        raise usage_error("launch run needs a command after --, e.g. `launch run -- python train.py`")
+    if not command[0].strip():
+        raise usage_error(f"launch run needs a command after --, e.g. `launch run -- python train.py`; got "
+                          f"{command[0]!r}")
     if engine not in userjob.ENGINES:
-        raise LaunchError(f"--engine must be one of: {', '.join(userjob.ENGINES)}; got '{engine}'")
+        raise usage_error(f"--engine must be one of: {', '.join(userjob.ENGINES)}; got '{engine}'")
     if reducers < 0:
-        raise LaunchError(f"--reducers must be >= 0, got {reducers}")
+        raise usage_error(f"--reducers must be >= 0, got {reducers}")
     if reducers and engine not in ("ddp", "reducer"):
-        raise LaunchError(f"--reducers uses the reducer engine; leave out --engine {engine}")
+        raise usage_error(f"--reducers uses the reducer engine; leave out --engine {engine}")
     if engine == "reducer" and not reducers:
-        raise LaunchError("--engine reducer needs --reducers K (reducer nodes of the cluster)")
+        raise usage_error("--engine reducer needs --reducers K (reducer nodes of the cluster)")
     engine = "reducer" if reducers else engine
+    if nodes is not None and nodes < 1:
+        raise usage_error(f"--nodes must be >= 1, got {nodes}")
     if max_restarts < 0:
-        raise LaunchError(f"--max-restarts must be >= 0, got {max_restarts}")
-    if not stall_timeout >= 0:
-        raise LaunchError(f"--stall-timeout must be a number of seconds >= 0 (0: never), got {stall_timeout:g}")
+        raise usage_error(f"--max-restarts must be >= 0, got {max_restarts}")
+    check_seconds("--stall-timeout", stall_timeout, note=" (0: never)")
     if procs_per_node is not None and procs_per_node < 1:
-        raise LaunchError(f"--procs-per-node must be >= 1, got {procs_per_node}")
-    if not workdir.expanduser().is_dir():
-        raise LaunchError(f"--workdir {workdir} is not a directory")
+        raise usage_error(f"--procs-per-node must be >= 1, got {procs_per_node}")
+    if not workdir.strip():  # Path('') is '.': it would quietly mean the current directory
+        raise usage_error(f"--workdir needs a directory, got {workdir!r}")
+    if not Path(workdir).expanduser().is_dir():
+        raise usage_error(f"--workdir must be a directory; {workdir} is not one")
+    workdir_path = Path(workdir)
     if checkpoint_to:
         from training import durable
 
         try:
             durable.parse_target(checkpoint_to)
         except durable.DurableError as e:
-            raise LaunchError(str(e)) from None
+            raise usage_error(str(e)) from None
+    check_aws_options(region, profile)
     stamp = time.strftime("%Y%m%d-%H%M%S")
 
     def on(c: clusters.Cluster) -> None:
-        submit_run(c, command, nodes=nodes, workdir=workdir, procs=procs_per_node, engine=engine, reducers=reducers,
-                   max_restarts=max_restarts, stall_timeout=stall_timeout, checkpoint_to=checkpoint_to,
-                   teardown=teardown, stamp=stamp)
+        submit_run(c, command, nodes=nodes, workdir=workdir_path, procs=procs_per_node, engine=engine,
+                   reducers=reducers, max_restarts=max_restarts, stall_timeout=stall_timeout,
+                   checkpoint_to=checkpoint_to, teardown=teardown, stamp=stamp)
 
     c, stack = target(cluster)
     if stack is None:
         assert c is not None
         on(c)
         return
-    from launcher.cluster.aws import api as aws
     from launcher.cluster.aws import lifecycle
     from launcher.execute import awsrun
 
-    sess = aws.session(region or (c.aws.region if c and c.aws else None),
-                       profile or (c.aws.profile if c and c.aws else None))
+    sess = stack_session(c, stack, region, profile, cluster=cluster)  # as train, status and the rest choose it
     handover: dict[str, str | None] = {"line": None}
 
     def on_aws() -> None:

@@ -11,7 +11,18 @@ import typer
 from rich.table import Table
 
 from launcher import cluster as clusters
-from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, aws_session, console, err, target, usage_error
+from launcher.cli.common import (
+    ClusterOpt,
+    ProfileOpt,
+    RegionOpt,
+    check_aws_options,
+    check_seconds,
+    console,
+    err,
+    stack_session,
+    target,
+    usage_error,
+)
 from launcher.errors import LaunchError
 from launcher.execute import remote, run
 from launcher.local import backend as local
@@ -100,8 +111,14 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         raise usage_error(problem)
     if resume and output is None:
         raise usage_error("--resume needs --out: the run directory holding the checkpoints")
-    if not probe_interval > 0:
-        raise usage_error(f"--probe-interval must be a number of seconds > 0, got {probe_interval:g}")
+    check_seconds("--probe-interval", probe_interval, zero=False)
+    check_seconds("--ready-timeout", ready_timeout)  # as discover's; 0: the nodes must be ready now
+    if nodes is not None and nodes < 1:
+        raise usage_error(f"--nodes must be >= 1, got {nodes}")
+    if data is not None and not data.strip():  # '' would quietly mean "make sample data"
+        raise usage_error(f"--data needs a shards directory or s3://BUCKET/PREFIX (leave it out for sample data), "
+                          f"got {data!r}")
+    check_aws_options(region, profile)
     if max_restarts < 0:
         raise usage_error(f"--max-restarts must be >= 0, got {max_restarts}")
     if workers is not None and workers < 0:  # the trainer's own bound; said here, before a cluster is sought
@@ -211,7 +228,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
 
     from launcher.execute import awsrun
 
-    sess = aws_session(c, region, profile, cluster=cluster)
+    sess = stack_session(c, stack, region, profile, cluster=cluster)  # no such stack: the line status gives
 
     def ready() -> clusters.Cluster:
         found = awsrun.connect_ready(sess, stack, profile=profile, timeout_s=ready_timeout)
