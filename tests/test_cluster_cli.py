@@ -95,7 +95,7 @@ def test_an_unknown_cluster_gets_one_answer_from_every_command(argv, env, capsys
                    "(wrong region? pass --region); deploy one with `npx cdk deploy -c cluster_name=nosuch`\n")
 
 
-@pytest.mark.parametrize("command", ["ssh", "doctor", "exec", "run", "train"])
+@pytest.mark.parametrize("command", ["ssh", "doctor", "exec", "jobs", "logs", "cancel", "run", "train"])
 def test_ssh_doctor_and_exec_take_region_and_profile(command, capsys):
     assert cli.main([command, "--help"]) == 0
     out = capsys.readouterr().out
@@ -116,6 +116,12 @@ def test_with_no_region_named_every_command_looks_where_the_stack_is(argv, env, 
         "error: no cluster is up; start one with `launch local up --nodes 2` (or deploy one with `npx cdk deploy`); "
         "on AWS: no stack 'scaletrain' in us-east-1 (wrong region? pass --region); deploy one with `npx cdk deploy "
         "-c cluster_name=scaletrain`\n")
+
+
+@pytest.mark.parametrize("argv", [["jobs"], ["logs", "1"], ["cancel", "1"]])
+def test_jobs_logs_and_cancel_look_in_the_region_given(argv, env, capsys):  # noqa: F811
+    assert cli.main([*argv, "--cluster", "nosuch", "--region", "eu-west-1"]) == 1
+    assert "on AWS: no stack 'nosuch' in eu-west-1 " in capsys.readouterr().err
 
 
 def test_ssh_reaches_a_stack_in_the_region_given_with_region(env, no_console, monkeypatch, capsys):  # noqa: F811
@@ -187,6 +193,15 @@ def test_cluster_help_says_the_aws_fallback(capsys):
     (["run", "--checkpoint-to", "/tmp/x", "--", "true"], "error: --checkpoint-to must be s3://BUCKET/PREFIX"),
     (["run", "--region", "", "--", "true"], "error: --region needs a region name such as us-east-1, got ''"),
     (["run", "--profile", " ", "--", "true"], "error: --profile needs a profile name (as in ~/.aws/config), got ' '"),
+    # jobs, logs, cancel: the id is checked before the cluster is asked (it was after reaching the nodes).
+    (["logs", "abc"], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got 'abc'"),
+    (["logs", "12_3"], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got '12_3'"),
+    (["logs", "0"], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got '0'"),
+    (["cancel", ""], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got ''"),
+    (["cancel", "1.5"], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got '1.5'"),
+    (["jobs", "--region", ""], "error: --region needs a region name such as us-east-1, got ''"),
+    (["logs", "1", "--profile", ""], "error: --profile needs a profile name"),
+    (["cancel", "1", "--region", " "], "error: --region needs a region name such as us-east-1, got ' '"),
 ])
 def test_bad_options_are_usage_errors_in_every_command(argv, said, tmp_path, monkeypatch, capsys):
     """Exit 2 and one line, before any cluster or AWS call, as click's own usage errors (they exited 1 or 2)."""
@@ -214,6 +229,9 @@ def test_the_last_node_count_reaches_aws(tmp_path, monkeypatch, capsys):
     (["run", "--engine", "reducer", "--reducers", "1", "--stall-timeout", "1e9", "--", "true"], "no AWS credentials"),
     (["run", "--workdir", "WORKDIR", "--region", "us-east-1", "--profile", "p", "--", "true"], "AWS session"),
     (["discover", "--ready-timeout", "0"], "no AWS credentials"),
+    (["logs", "1"], "no AWS credentials"),
+    (["cancel", "007"], "no AWS credentials"),
+    (["jobs", "--region", "eu-west-1"], "no AWS credentials"),
 ])
 def test_the_allowed_side_of_each_limit_goes_on(argv, said, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))

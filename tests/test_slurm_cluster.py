@@ -181,7 +181,9 @@ def test_ctrl_c_detaches_and_a_second_run_queues_behind_the_first(home):
 
 def test_unknown_job_and_bad_ids_are_one_line(home):
     assert_one_line_error(launch(home, "logs", "9999", "--cluster", "local"), "no job 9999")
-    assert_one_line_error(launch(home, "cancel", "abc", "--cluster", "local"), "'abc' is not a job id")
+    bad = launch(home, "cancel", "abc", "--cluster", "local")
+    assert_one_line_error(bad, "ID must be a job id as `launch jobs` lists them", "got 'abc'")
+    assert bad.returncode == 2  # a usage error, said before the head node is asked
 
 
 def test_a_failure_the_trainer_names_is_not_requeued(home):

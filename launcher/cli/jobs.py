@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from launcher import cluster as clusters
-from launcher.cli.common import ClusterOpt, console, resolve
+from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, check_aws_options, console, resolve, usage_error
 from launcher.errors import Detached
 from launcher.execute import slurmjobs
 from launcher.plans import slurm
@@ -40,13 +40,22 @@ def submit_and_follow(c: clusters.Cluster, script: str, output: str, intro: str,
     return job_id, ended, seen
 
 
+def _job_id(job_id: str) -> str:
+    """A job id as Slurm gives them and `launch jobs` lists them (a whole number >= 1; slurmjobs.jobs takes digits
+    only): anything else is a usage error, said before the cluster is asked."""
+    if not (job_id.isascii() and job_id.isdigit() and int(job_id) >= 1):
+        raise usage_error(f"ID must be a job id as `launch jobs` lists them, a whole number >= 1; got {job_id!r}")
+    return str(int(job_id))  # 007 is job 7
+
+
 @app.command("jobs")
-def jobs_(cluster: str = ClusterOpt,
+def jobs_(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt,
           as_json: bool = typer.Option(False, "--json", help="One JSON array: id, name, state (queued, running, "
                                                                "succeeded, failed, cancelled), started, ended, "
                                                                "nodes, restarts, output, stdout, exit_code.")):
     """The cluster's jobs (Slurm's queue and its record of finished jobs), newest first."""
-    found = slurmjobs.jobs(resolve(cluster, reach=True))
+    check_aws_options(region, profile)
+    found = slurmjobs.jobs(resolve(cluster, region, profile, reach=True))
     if as_json:
         print(json.dumps([j.as_json() for j in found], indent=1))
         return
@@ -64,11 +73,13 @@ def jobs_(cluster: str = ClusterOpt,
 
 @app.command("logs")
 def logs(job_id: str = typer.Argument(..., metavar="ID", help="The job, as `launch jobs` lists it."),
-         cluster: str = ClusterOpt,
+         cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt,
          follow: bool = typer.Option(False, "-f", "--follow", help="Go on printing until the job ends; Ctrl-C "
                                                                    "stops printing, never the job.")):
     """Print a job's output (its file on the shared storage, read on the head node)."""
-    c = resolve(cluster, reach=True)
+    job_id = _job_id(job_id)
+    check_aws_options(region, profile)
+    c = resolve(cluster, region, profile, reach=True)
     try:
         job = slurmjobs.follow(c, job_id, until_end=follow)
     except KeyboardInterrupt:
@@ -83,9 +94,11 @@ def logs(job_id: str = typer.Argument(..., metavar="ID", help="The job, as `laun
 
 @app.command("cancel")
 def cancel(job_id: str = typer.Argument(..., metavar="ID", help="The job, as `launch jobs` lists it."),
-           cluster: str = ClusterOpt):
+           cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Stop a queued or running job (Slurm's scancel); its checkpoints stay in its run directory."""
-    c = resolve(cluster, reach=True)
+    job_id = _job_id(job_id)
+    check_aws_options(region, profile)
+    c = resolve(cluster, region, profile, reach=True)
     job = slurmjobs.cancel(c, job_id)
     console.print(f"job {job_id} ({job.name}, {job.state}) cancelled; run directory {job.output}", markup=False,
                   highlight=False)
