@@ -202,6 +202,22 @@ def test_cluster_help_says_the_aws_fallback(capsys):
     (["jobs", "--region", ""], "error: --region needs a region name such as us-east-1, got ''"),
     (["logs", "1", "--profile", ""], "error: --profile needs a profile name"),
     (["cancel", "1", "--region", " "], "error: --region needs a region name such as us-east-1, got ' '"),
+    # local: an empty --cluster (exit 1 before) and a --name that is no plain name (a path, or the clusters dir).
+    (["local", "replace", "--cluster", ""], "error: --cluster needs a name, got ''"),
+    (["local", "down", "--cluster", ""], "error: --cluster needs a name, got ''"),
+    (["local", "kill", "--cluster", " ", "node1"], "error: --cluster needs a name, got ' '"),
+    (["local", "up", "--name", ""], "error: --name must be a plain cluster name: letters, digits, - and _, starting "
+                                    "with a letter or digit, at most 64 characters; got ''"),
+    (["local", "up", "--name", "../x"], "error: --name must be a plain cluster name: letters, digits, - and _"),
+    (["local", "up", "--name", "-x"], "error: --name must be a plain cluster name"),
+    (["local", "up", "--name", "a.b"], "error: --name must be a plain cluster name"),
+    (["local", "up", "--name", "a" * 65], "error: --name must be a plain cluster name"),
+    # up: what would have gone on to AWS.
+    (["up", "--fallback-reservation", ""], "error: --fallback-reservation must be a capacity reservation id such as "
+                                           "cr-0123456789abcdef0, got ''"),
+    (["up", "--fallback-reservation", "cr-1"], "error: --fallback-reservation must be a capacity reservation id"),
+    (["up", "--region", ""], "error: --region needs a region name such as us-east-1, got ''"),
+    (["up", "--profile", ""], "error: --profile needs a profile name"),
 ])
 def test_bad_options_are_usage_errors_in_every_command(argv, said, tmp_path, monkeypatch, capsys):
     """Exit 2 and one line, before any cluster or AWS call, as click's own usage errors (they exited 1 or 2)."""
@@ -232,6 +248,8 @@ def test_the_last_node_count_reaches_aws(tmp_path, monkeypatch, capsys):
     (["logs", "1"], "no AWS credentials"),
     (["cancel", "007"], "no AWS credentials"),
     (["jobs", "--region", "eu-west-1"], "no AWS credentials"),
+    (["up", "--fallback-reservation", "cr-0123456789abcdef0"], "no AWS credentials"),
+    (["local", "replace", "--cluster", "x"], "unknown cluster 'x'"),
 ])
 def test_the_allowed_side_of_each_limit_goes_on(argv, said, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
@@ -242,6 +260,14 @@ def test_the_allowed_side_of_each_limit_goes_on(argv, said, tmp_path, monkeypatc
     assert cli.main([str(tmp_path) if a == "WORKDIR" else a for a in argv]) == 1
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("name", ["a", "A-b_9", "7" * 64])
+def test_a_plain_local_cluster_name_passes_the_name_check(name, tmp_path, monkeypatch, capsys):
+    """--nodes is checked after --name: its line shows the name was accepted (nothing starts with --nodes 0)."""
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
+    assert cli.main(["local", "up", "--name", name, "--nodes", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: --nodes must be >= 1, got 0")
 
 
 def test_local_replace_help_says_which_nodes_get_a_new_port(capsys):

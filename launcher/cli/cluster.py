@@ -16,6 +16,7 @@ from launcher.cli.common import (
     RegionOpt,
     aws_session,
     cdk_json,
+    check_aws_options,
     check_seconds,
     console,
     resolve,
@@ -185,13 +186,18 @@ def up_cmd(context: list[str] = ContextOpt, region: str = StackRegionOpt, profil
                                                     "service.")):
     """Preflight, then `npx cdk deploy` in an AZ that offers the types; on InsufficientInstanceCapacity delete the
     failed stack and deploy in the next AZ (then, if asked, into a reservation), saying what it tried."""
+    from infra.spec import _CAPACITY_RESERVATION  # -c capacity_reservation_id's rule
     from launcher.cluster.aws import api as aws
     from launcher.cluster.aws import deploy
     from launcher.execute import preflight as preflight_shell
     from launcher.plans import capacity, preflight
 
+    if fallback_reservation is not None and not _CAPACITY_RESERVATION.fullmatch(fallback_reservation):
+        raise usage_error(f"--fallback-reservation must be a capacity reservation id such as cr-0123456789abcdef0, "
+                          f"got {fallback_reservation!r}")
     if capacity_block and not fallback_reservation:
         raise usage_error("--capacity-block describes --fallback-reservation; pass both")
+    check_aws_options(region, profile)
     if not capacity_wait >= 0:
         raise usage_error(f"--capacity-wait must be a number of seconds >= 0, got {capacity_wait:g}")
     spec, pairs, defaults = _spec_and_pairs(context, region)

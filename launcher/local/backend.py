@@ -13,6 +13,7 @@ import contextlib
 import getpass
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +30,9 @@ from launcher.files import keygen, write_atomic
 
 SSHD = "/usr/sbin/sshd"
 LOCAL = "local"
+# A local cluster's name is a directory under $SCALETRAIN_HOME/clusters and what --cluster names: a plain name, never
+# a path ('../x') or an empty one ('' is the clusters directory itself).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 def node_names(nodes: int, reducers: int) -> list[tuple[str, str]]:
@@ -184,10 +188,18 @@ def ssh_files(cluster: Cluster, host_keys: dict[str, str]) -> tuple[str, str]:
     return config, render.known_hosts([(n.address, n.port, host_keys[n.name]) for n in cluster.nodes])
 
 
+def check_name(name: str) -> None:
+    """A cluster name `launch local up --name` may make (NAME); else one line saying what is allowed."""
+    if not NAME.fullmatch(name):
+        raise LaunchError(f"--name must be a plain cluster name: letters, digits, - and _, starting with a letter or "
+                          f"digit, at most 64 characters; got {name!r}")
+
+
 def up(nodes: int, reducers: int = 0, base_port: int | None = None, name: str = LOCAL, *, loopback: bool = False,
        subnet: str | None = None, with_slurm: bool = False) -> Cluster:
     """Rehearsal nodes (launcher/local/rehearsal_cluster.py), or with ``loopback`` sshd processes on 127.0.0.1 that
     share this machine's filesystem (for tests of the launcher's own logic)."""
+    check_name(name)
     if nodes < 1:
         raise LaunchError(f"--nodes must be >= 1, got {nodes}")
     if reducers < 0:
