@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from clusterutil import assert_one_line_error, launch
 
-from training.convert import convert
+from training.convert import convert, load_manifest
 from training.sample import SAMPLE_RECORD, make_sample
 
 SAMPLE = ["--classes", "3", "--per-class", "4", "--val-per-class", "2"]
@@ -391,3 +391,38 @@ def test_counts_are_in_plain_english(src, tmp_path):
     proc = launch(tmp_path / "home", "data", "convert", str(src), "--out", str(tmp_path / "o"), "--shard-size", "6",
                   check=True)
     assert "resuming: 3 finished shards verified and kept" in proc.stderr
+
+
+def test_a_shard_of_rejected_inputs_only_is_neither_written_nor_listed(tmp_path):
+    """Shards of 1: each corrupt image's shard would hold nothing. It was written as an empty tar with count 0 and
+    counted ("24 samples in 5 shards"); now it is named in empty_shards, with no file, on a resumed run and a
+    2-node conversion alike."""
+    from training.convert import merge_manifests
+
+    src = tmp_path / "src"
+    make_sample(src, classes=2, per_class=3, val_per_class=1, seed=1)
+    for bad in ("train/n01440764/n01440764_2.JPEG", "val/n01443537/ILSVRC2012_val_00000002.JPEG"):
+        (src / bad).write_bytes(b"\xff\xd8\xff")
+    manifest = convert(src, tmp_path / "out", shard_size=1)
+    assert manifest["splits"] == {"train": {"samples": 5, "shards": 5}, "val": {"samples": 1, "shards": 1}}
+    assert len(manifest["shards"]) == 6 and all(s["count"] == 1 for s in manifest["shards"])
+    assert len(manifest["empty_shards"]) == 2 and len(manifest["rejected"]) == 2
+    tars = sorted(p.name for p in (tmp_path / "out").glob("*.tar"))
+    assert tars == sorted(s["name"] for s in manifest["shards"])
+    assert not set(manifest["empty_shards"]) & set(tars)
+
+    kept = []
+    assert convert(src, tmp_path / "out", shard_size=1, on_start=lambda inputs, k: kept.append((inputs, k))) == \
+        manifest
+    assert kept == [(0, 8)]  # every shard finished, the empty ones too: nothing converted again
+
+    # An empty tar an earlier run left under an empty shard's name goes, and the rest is kept.
+    (tmp_path / "out" / manifest["empty_shards"][0]).write_bytes(bytes(1024))
+    assert convert(src, tmp_path / "out", shard_size=1) == manifest
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.tar")) == tars
+
+    for node in (0, 1):
+        convert(src, tmp_path / "two", shard_size=1, node_index=node, node_count=2)
+    assert merge_manifests(tmp_path / "two", 2) == manifest
+    assert sorted(p.name for p in (tmp_path / "two").glob("*.tar")) == tars
+    assert load_manifest(tmp_path / "two")["empty_shards"] == manifest["empty_shards"]

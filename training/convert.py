@@ -51,6 +51,7 @@ from training.shards import (
     build_manifest,
     check_options,
     class_index,
+    empty_entry,
     load_manifest,
     node_manifest_name,
     plan,
@@ -232,6 +233,7 @@ def merge_manifests(out: Path, node_count: int) -> dict:
             "convert again on every node"
         )
     shards = [shard for part in parts for shard in part["shards"]]
+    shards += [empty_entry(name) for part in parts for name in part.get("empty_shards", [])]
     missing = sorted(set(first["node"]["planned"]) - {s["name"] for s in shards})
     if missing:
         raise ConvertError(f"shards missing from the node manifests under {out}: {', '.join(missing)}")

@@ -77,6 +77,11 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:06d}.tar"
 
 
+def empty_entry(name: str) -> dict:
+    """The record entry of a planned shard whose every input was rejected: no file is written for it."""
+    return {"name": name, "split": name.rsplit("-", 1)[0], "count": 0, "bytes": 0, "sha256": ""}
+
+
 def fingerprint(name: str, sources: Sequence[Source], labels: dict[str, int], encoding: Encoding) -> str:
     """sha256 of what decides a shard's bytes: its inputs (where, how big, key, label) and the encoding."""
     planned = [[s.path, s.container, s.offset, s.size, s.key, labels.get(s.wnid), s.problem] for s in sources]
@@ -213,9 +218,13 @@ def build_manifest(
     options: dict,
     plan_sha256: str,
 ) -> dict:
-    """The manifest for these shards; shards and rejected inputs are sorted, so the result is canonical."""
+    """The manifest for these shards; shards and rejected inputs are sorted, so the result is canonical. A planned
+    shard whose every input was rejected has no file: it is named in ``empty_shards``, not listed or counted in
+    ``shards`` and ``splits`` (which said "24 samples in 5 shards" for 4 shards and an empty tar)."""
     split_order = {split: i for i, split in enumerate(SPLITS)}
     shards = sorted(shards, key=lambda s: (split_order[s["split"]], s["name"]))
+    empty = [s["name"] for s in shards if not s["count"]]
+    shards = [s for s in shards if s["count"]]
     rejected = sorted(rejected, key=lambda r: (split_order[r["split"]], r["path"]))
     return {
         "format": FORMAT,
@@ -230,6 +239,7 @@ def build_manifest(
             if split in splits
         },
         "shards": shards,
+        "empty_shards": empty,
         "rejected": rejected,
         "options": options,
         "plan_sha256": plan_sha256,
@@ -298,6 +308,7 @@ class _Manifest(BaseModel):
     classes: list[str]
     splits: dict[str, _Split]
     shards: list[_Shard]
+    empty_shards: list[str] = []  # planned shards every input of was rejected: no file (build_manifest)
     rejected: list[_Rejected]
     options: _Options
     plan_sha256: str | None = None

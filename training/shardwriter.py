@@ -35,6 +35,7 @@ from training.shards import (
     ConvertError,
     Encoding,
     ShardPlan,
+    empty_entry,
     prepare_image,
     tar_end,
     tar_header,
@@ -120,6 +121,13 @@ def write_shard(
             writer.write(tar_end(writer.size))
             f.flush()
             os.fsync(f.fileno())
+        if count == 0:  # every input rejected: no shard (an empty tar would be listed, read and staged for nothing)
+            Path(partial).unlink(missing_ok=True)
+            record = {"name": shard.name, "fingerprint": shard.fingerprint, "entry": empty_entry(shard.name),
+                      "rejected": rejected}
+            write_json_atomic(journal_path(out, shard.name), record)
+            (out / shard.name).unlink(missing_ok=True)  # one an earlier run wrote under this name
+            return record
         entry = {"name": shard.name, "split": shard.split, "count": count, "bytes": writer.size,
                  "sha256": writer.sha256.hexdigest()}
         record = {"name": shard.name, "fingerprint": shard.fingerprint, "entry": entry, "rejected": rejected}
@@ -140,6 +148,8 @@ def write_shard(
 def verify(out: Path, record: dict) -> bool:
     """Is the shard on disk the one its record describes (size and sha256)?"""
     path, entry = out / record["name"], record["entry"]
+    if not entry["count"]:  # a shard of rejected inputs only: finished when no file is there
+        return not path.exists() and not path.is_symlink()
     try:
         return path.stat().st_size == entry["bytes"] and sha256_of(path) == entry["sha256"]
     except OSError:
@@ -159,7 +169,7 @@ def load_records(out: Path, mine: list[ShardPlan], digest: str, manifest_names: 
             continue
         try:
             rejected = {(r["split"], r["path"]): r for r in data["rejected"]}
-            for entry in data["shards"]:
+            for entry in [*data["shards"], *(empty_entry(name) for name in data.get("empty_shards", []))]:
                 shard = by_name.get(entry["name"])
                 if shard is not None:
                     found = [rejected[(s.split, s.path)] for s in shard.sources if (s.split, s.path) in rejected]
