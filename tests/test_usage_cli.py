@@ -71,3 +71,46 @@ def test_a_group_with_its_command_or_help_is_not_refused(tmp_path, monkeypatch, 
     monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path))
     assert cli.main(["data", "--help"]) == 0
     assert capsys.readouterr().err == ""
+
+
+_AWS_COMMANDS = [["status"], ["down"], ["preflight"], ["discover"], ["ssh", "{opt}", "{value}", "node0"], ["doctor"],
+                 ["exec", "{opt}", "{value}", "--", "true"]]
+
+
+def _no_aws(tmp_path, monkeypatch) -> None:
+    """No cluster, no credentials, no instance metadata: a command that gets past its checks fails on AWS, exit 1."""
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def _argv(command: list[str], opt: str, value: str) -> list[str]:
+    if "{opt}" in command:  # ssh and exec take their options before the node or the command
+        return [a.format(opt=opt, value=value) for a in command]
+    return [*command, opt, value]
+
+
+@pytest.mark.parametrize("command", _AWS_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize(("opt", "value", "said"), [
+    ("--region", "", "error: --region needs a region name such as us-east-1, got ''"),
+    ("--region", " ", "error: --region needs a region name such as us-east-1, got ' '"),
+    ("--profile", "", "error: --profile needs a profile name (as in ~/.aws/config), got ''"),
+])
+def test_an_empty_region_or_profile_is_refused_not_the_default(command, opt, value, said, tmp_path, monkeypatch,
+                                                               capsys):
+    """`status --region ''` and `preflight --region ''` quietly meant the default region."""
+    _no_aws(tmp_path, monkeypatch)
+    assert cli.main(_argv(command, opt, value)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", _AWS_COMMANDS, ids=lambda c: c[0])
+def test_a_named_region_passes_the_check(command, tmp_path, monkeypatch, capsys):
+    _no_aws(tmp_path, monkeypatch)
+    code = cli.main(_argv(command, "--region", "us-east-1"))
+    err = capsys.readouterr().err
+    assert code == 1 and "needs a region name" not in err and err.count("\n") == 1, err  # AWS's answer, not ours

@@ -35,6 +35,7 @@ def status(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pr
            extend_ttl: float = typer.Option(None, "--extend-ttl", metavar="HOURS",
                                             help="AWS: move the stack's self-deletion this many hours later.")):
     """Nodes of a cluster and whether each answers over SSH; on AWS also uptime, cost so far and TTL left."""
+    check_aws_options(region, profile)  # '' would quietly mean the default region or profile
     if extend_ttl is not None:
         from launcher.cluster.aws import lifecycle
 
@@ -115,6 +116,7 @@ def down(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Prof
     """Delete an AWS cluster's stack, wait until it is gone, and verify no instance with its tag remains."""
     from launcher.cluster.aws import api as aws
 
+    check_aws_options(region, profile)
     c, stack = target(cluster)
     if stack is None:
         raise LaunchError(f"cluster '{c.name if c else cluster}' is local; bring it down with `launch local down`")
@@ -165,6 +167,7 @@ def preflight_cmd(context: list[str] = ContextOpt, region: str = StackRegionOpt,
     from launcher.execute import preflight as preflight_shell
     from launcher.plans import preflight
 
+    check_aws_options(region, profile)
     spec, pairs, _ = _spec_and_pairs(context, region)
     facts = preflight_shell.gather(aws.session(spec.region, profile), spec)
     verdicts = preflight.decide(spec, facts)
@@ -244,6 +247,7 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
     from launcher.execute import awsrun
 
     check_seconds("--ready-timeout", ready_timeout)  # train's too
+    check_aws_options(region, profile)
     if cluster is not None and not cluster.strip():
         raise usage_error(f"--cluster needs a stack name, got {cluster!r}")
     stack = cluster or os.environ.get("SCALETRAIN_STACK") or DEFAULT_STACK
@@ -265,6 +269,7 @@ def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ..
             command: list[str] = typer.Argument(None, help="Command to run instead of a login shell."),
             cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Open an SSH session on one node (through SSM Session Manager on AWS), host keys pinned."""
+    check_aws_options(region, profile)
     c = resolve(cluster, region, profile, reach=True)
     c.machine(node)
     argv = ssh_argv(c.ssh_config, node, command or [])

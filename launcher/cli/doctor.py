@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, resolve, usage_error
+from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, check_aws_options, console, resolve, usage_error
 from launcher.errors import LaunchError
 
 app = typer.Typer()
@@ -21,6 +21,7 @@ def doctor_cmd(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str 
 
     if storage not in doctor.STORAGE_CHOICES:  # before any cluster is sought
         raise usage_error(f"--storage must be one of: {', '.join(doctor.STORAGE_CHOICES)}; got '{storage}'")
+    check_aws_options(region, profile)  # '' would quietly mean the default region or profile
     c = resolve(cluster, region, profile, reach=True)
     checks = doctor_run.diagnose(c, storage=storage)
     table = Table(title=f"launch doctor: cluster '{c.name}' ({c.backend})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, console, err, resolve
+from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, check_aws_options, console, err, resolve
 from launcher.errors import LaunchError
 from launcher.execute import remote
 
@@ -15,6 +15,7 @@ app = typer.Typer()
 def exec_(command: list[str] = typer.Argument(..., help="The command (after --), run by each node's shell."),
           cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Run one command on every node in parallel; output is prefixed by node."""
+    check_aws_options(region, profile)  # '' would quietly mean the default region or profile
     c = resolve(cluster, region, profile, reach=True)
     results = remote.run_all(c, c.nodes, " ".join(command))
     for r in results:
