@@ -26,6 +26,7 @@ def train(tmp_path, monkeypatch, capsys, *args: str) -> tuple[int, str]:
     (["--out", "a", "--output", "b"], "error: --out a and --output b name two run directories; pass --out only"),
     (["--resume"], "error: --resume needs --out: the run directory holding the checkpoints"),
     (["--epochs", "0"], "error: --epochs must be >= 1, got 0"),
+    (["--epochs", "10001"], "error: --epochs must be <= 10000, got 10001"),
     (["--engine", "mpi"], "error: --engine must be one of:"),
     (["--model", "vgg"], "error: unknown model"),
     (["--workers", "-1"], "error: --workers must be >= 0, got -1"),
@@ -51,7 +52,8 @@ def test_bad_options_are_usage_errors_before_any_cluster_is_sought(args, said, t
 @pytest.mark.parametrize("args", [["--epochs", "15", "--warmup-epochs", "14.5"], ["--out", "r", "--resume"],
                                   ["--output", "r", "--resume"], ["--out", "r", "--output", "r", "--resume"],
                                   ["--nodes", "1"], ["--ready-timeout", "0"], ["--probe-interval", "0.5"],
-                                  ["--ready-timeout", "1e9"], ["--data", "shards"], ["--region", "us-east-1"]])
+                                  ["--ready-timeout", "1e9"], ["--data", "shards"], ["--region", "us-east-1"],
+                                  ["--epochs", "10000", "--warmup-epochs", "10"]])
 def test_good_options_pass_to_finding_the_cluster(args, tmp_path, monkeypatch, capsys):
     """Past the checks the next answer is the cluster's (none here; AWS's stack 'scaletrain' cannot be read without
     credentials): the options themselves were accepted."""

@@ -97,7 +97,11 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     if engine == "reducer" and not reducers:
         raise usage_error("--engine reducer needs --reducers K (reducer nodes of the cluster)")
     engine = "reducer" if reducers else engine
-    for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu), ("--image-size", image_size)):
+    from training.schedule import epochs_problem
+
+    if problem := epochs_problem(epochs):  # the trainer's own limit, said here before any node is asked
+        raise usage_error(problem)
+    for name, value in (("--batch-per-gpu", batch_per_gpu), ("--image-size", image_size)):
         if value < 1:
             raise usage_error(f"{name} must be >= 1, got {value}")
     if out is not None and output is not None and out != output:
