@@ -169,7 +169,7 @@ def test_a_failing_node_script_is_one_line_naming_the_node(env):
     root, _, c = env
     with pytest.raises(LaunchError) as e:
         awsrun._on_nodes(c, {"node0": "true", "node1": "echo broken >&2; exit 3"}, "staging the data", sudo=False)
-    assert str(e.value) == "staging the data failed on node1 (exit 3)"
+    assert str(e.value) == "staging the data failed on node1 (exit 3: broken)"  # the script's own error line
     empty = root / "not-imagenet"
     empty.mkdir()
     (empty / "notes.txt").write_text("no images here\n")

@@ -141,7 +141,8 @@ def test_launch_train_refuses_a_bad_checkpoint_uri_in_one_line(tmp_path):
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.strip() == "error: --checkpoint-to must be s3://BUCKET/PREFIX (a bucket name: 3-63 lowercase " \
-        "letters, digits, '.' or '-'), got 'my-bucket/ckpt'", proc.stderr
+        "letters, digits, '.' or '-'), got 'my-bucket/ckpt' (see `launch train --help`)", proc.stderr
+    assert proc.returncode == 2  # a usage error, as click's own
 
 
 # ---- against moto's S3 server, with the real AWS CLI ----

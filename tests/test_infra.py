@@ -965,7 +965,7 @@ def _run_app(context: dict[str, Any]) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("override", "line"),
     [
-        ({"nodes": "0"}, "error: nodes='0': input should be greater than or equal to 1"),
+        ({"nodes": "0"}, "error: nodes='0': allowed: 1 to 4096 worker nodes"),
         ({"storage": "fsx", "fsx_capacity_gib": "3000"},
          "error: fsx_capacity_gib='3000': allowed: 1200 or a multiple of 2400 GiB (1200, 2400, 4800, 7200, ...)"),
         ({"ssh_cidr": "203.0.113.0/24"}, "error: ssh_cidr='203.0.113.0/24': " + REMOVED_KEYS["ssh_cidr"]),
@@ -1011,5 +1011,5 @@ def test_cdk_cli_bad_context_is_one_error_line_and_no_traceback(tmp_path: Path) 
     result = subprocess.run(argv, cwd=ROOT, env=_cli_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: nodes='0': input should be greater than or equal to 1"]
+    assert errors == ["error: nodes='0': allowed: 1 to 4096 worker nodes"]
     assert "Traceback" not in result.stderr + result.stdout

@@ -163,7 +163,7 @@ def test_bad_train_options(env):
     root, home = env
     assert_one_line_error(launch(home, "train", "--model", "vgg16"), "unknown model 'vgg16'; choose one of")
     assert_one_line_error(launch(home, "train", "--nodes", "5"), "--nodes 5 is more than the 2 worker")
-    assert_one_line_error(launch(home, "train", "--resume"), "--resume needs --output")
+    assert_one_line_error(launch(home, "train", "--resume"), "--resume needs --out")
     assert_one_line_error(launch(home, "train", "--engine", "mxnet"), "--engine must be one of: horovod, ddp")
 
 
