@@ -133,7 +133,7 @@ def follow(c: Cluster, job_id: str, *, write: Callable[[str], None] | None = Non
 def _follow(c: Cluster, job_id: str, write: Callable[[str], None], offset: int, until_end: bool,
             interrupted: list[int]) -> slurm.Job:
     head = head_of(c)
-    conn, lost_at, job = None, None, None
+    conn, lost_at, job, reached = None, None, None, False
     while True:
         if interrupted:
             with contextlib.suppress(Exception):
@@ -141,6 +141,7 @@ def _follow(c: Cluster, job_id: str, write: Callable[[str], None], offset: int, 
             raise KeyboardInterrupt
         try:
             conn = conn or _open(c, head)
+            reached = True
             job = jobs(c, job_id, conn=conn)[0]
             if job.stdout:
                 res = conn.run(f"tail -c +{offset + 1} {shlex.quote(job.stdout)} 2>/dev/null | head -c {CHUNK}",
@@ -161,6 +162,8 @@ def _follow(c: Cluster, job_id: str, write: Callable[[str], None], offset: int, 
             with contextlib.suppress(Exception):
                 conn.close()
             conn = None
+            if not reached:  # never reached this time: the head node is gone, as `launch jobs` says it
+                raise lost_head(c, remote._describe(e)) from None
             now = time.monotonic()
             if lost_at is None:
                 lost_at = now
