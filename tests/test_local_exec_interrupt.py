@@ -47,3 +47,30 @@ def test_ctrl_c_during_exec_is_prompt_and_one_line(home):
     while _running(f"sleep {token}") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _running(f"sleep {token}")
+
+
+def test_ctrl_c_during_doctor_is_prompt_and_one_line(home):
+    """Ctrl-C while `launch doctor` runs its MPI test across the nodes (a remote.check, which invoke would finish
+    before noticing: remote.hangs_up_on_interrupt). The hello is short on loopback nodes, so a try whose doctor ended
+    before the interrupt could be sent is tried again."""
+    for _ in range(5):
+        proc = launch_background(home, "doctor")
+        deadline = time.monotonic() + 60
+        while not _running("doctor-hostfile") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if proc.poll() is not None:
+            continue  # finished before its MPI test was seen: try again
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("launch doctor was still running 15 s after Ctrl-C")
+        if proc.returncode != 130 and "interrupted" not in err:
+            continue  # the MPI test had ended as the signal left: the doctor finished on its own
+        assert time.monotonic() - started < 5
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        assert err.strip().splitlines()[-1] == "error: interrupted", err
+        return
+    pytest.fail("never caught launch doctor inside its MPI test in 5 tries")

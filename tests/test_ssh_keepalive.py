@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import getpass
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from launcher.execute import remote
 
 HOLD_S = 2.5      # each command runs this long, silent, before it exits
 KEEPALIVE_S = 1   # the launcher's interval, shortened for the test
+EXEC_STARTED = threading.Event()  # the server got a command to run
 
 
 class _Node(paramiko.ServerInterface):
@@ -45,6 +47,8 @@ class _Node(paramiko.ServerInterface):
         return True
 
     def check_channel_exec_request(self, channel, command):
+        EXEC_STARTED.set()
+
         def finish():
             time.sleep(HOLD_S)
             channel.send_exit_status(0)
@@ -121,6 +125,33 @@ def test_every_way_the_launcher_runs_on_a_node_sends_keepalives_while_the_comman
         conn.close()
     assert len(connections) == 4
     assert all(_keepalives(seen) >= 1 for seen in connections), connections
+
+
+def test_ctrl_c_during_a_short_command_ends_it_at_once(node, monkeypatch):
+    """Ctrl-C while remote.check waits (launch doctor's checks, staging, a probe) raises KeyboardInterrupt at once,
+    which the CLI says as 'error: interrupted', exit 130. invoke, left alone, sent ^C down a channel without a pty
+    and waited for the command's end (here 30 s), then returned as if nothing had happened (issue 26)."""
+    import os
+    import signal
+
+    c, _ = node
+    monkeypatch.setattr(sys.modules[__name__], "HOLD_S", 30.0)
+    EXEC_STARTED.clear()
+
+    def ctrl_c():
+        if EXEC_STARTED.wait(20):
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        remote.check(c, c.nodes[0], "sleep 30")
+    assert EXEC_STARTED.is_set() and time.monotonic() - started < 5
+    monkeypatch.setattr(sys.modules[__name__], "HOLD_S", 0.1)
+    before = signal.getsignal(signal.SIGINT)
+    assert remote.check(c, c.nodes[0], "true") == (0, "")  # the next command runs as before...
+    assert signal.getsignal(signal.SIGINT) is before       # ...and leaves Ctrl-C's handler as it found it
 
 
 # The names by which a program opens an SSH connection with fabric or paramiko.

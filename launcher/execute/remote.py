@@ -250,10 +250,40 @@ def check(cluster: Cluster, node: Node, command: str, *, timeout_s: float | None
     return code, out
 
 
+@contextlib.contextmanager
+def hangs_up_on_interrupt(conn: Connection) -> Iterator[None]:
+    """A Ctrl-C while a command without a pty runs closes its connection, so the wait for it ends at once, and then
+    raises KeyboardInterrupt. Left to invoke, the KeyboardInterrupt is taken, ^C is sent down a channel the command
+    does not read (no pty), and the wait goes on to the command's end, returning as if nothing happened: Ctrl-C
+    during `launch doctor`'s checks did nothing. The close runs on a thread of its own, never inside the handler,
+    which may have interrupted paramiko holding a lock. Only the main thread receives signals: elsewhere, nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen: list[int] = []
+
+    def on_sigint(signum, frame):
+        seen.append(signum)
+        threading.Thread(target=conn.close, daemon=True).start()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    except Exception:  # the closed connection's own error, once the user asked to stop
+        if seen:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if seen:
+        raise KeyboardInterrupt
+
+
 def check_output(cluster: Cluster, node: Node, command: str, *,
                  timeout_s: float | None = None) -> tuple[int, str, str]:
-    """:func:`check`, with the command's stderr too: (exit code, stdout, stderr)."""
-    with _session(cluster, node, timeout_s) as conn:
+    """:func:`check`, with the command's stderr too: (exit code, stdout, stderr). Ctrl-C ends it at once
+    (:func:`hangs_up_on_interrupt`)."""
+    with _session(cluster, node, timeout_s) as conn, hangs_up_on_interrupt(conn):
         res = conn.run(in_workdir(node, command), hide=True, warn=True, in_stream=False, timeout=timeout_s)
     return res.exited, res.stdout, res.stderr
 
