@@ -50,9 +50,10 @@ def test_ctrl_c_during_exec_is_prompt_and_one_line(home):
 
 
 def test_ctrl_c_during_doctor_is_prompt_and_one_line(home):
-    """Ctrl-C while `launch doctor` runs its MPI test across the nodes (a remote.check, which invoke would finish
-    before noticing: remote.hangs_up_on_interrupt). The hello is short on loopback nodes, so a try whose doctor ended
-    before the interrupt could be sent is tried again."""
+    """Ctrl-C while `launch doctor` runs its MPI test across the nodes ends it with one line and exit 130. The hello
+    is short on loopback nodes (a try whose doctor ended before the interrupt is tried again), too short to show
+    that the wait is cut: invoke would wait for the command's end before raising, which a real node's nccl-tests
+    makes minutes; tests/test_ssh_keepalive.py's Ctrl-C test holds remote.check to stopping a 30 s command at once."""
     for _ in range(5):
         proc = launch_background(home, "doctor")
         deadline = time.monotonic() + 60
