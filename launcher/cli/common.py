@@ -150,6 +150,20 @@ def plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
+def chosen_engine(engine: str, reducers: int, engines: tuple[str, ...] | list[str], tier_with: str) -> str:
+    """The engine a run uses, from --engine and --reducers K (launch train and launch run say them alike): the
+    reducer tier when K > 0, which pairs with ``tier_with`` (the command's default engine) or 'reducer' only."""
+    if engine not in engines:
+        raise usage_error(f"--engine must be one of: {', '.join(engines)}; got '{engine}'")
+    if reducers < 0:
+        raise usage_error(f"--reducers must be >= 0, got {reducers}")
+    if reducers and engine not in (tier_with, "reducer"):
+        raise usage_error(f"--reducers uses the reducer engine; leave out --engine {engine}")
+    if engine == "reducer" and not reducers:
+        raise usage_error("--engine reducer needs --reducers K (reducer nodes of the cluster)")
+    return "reducer" if reducers else engine
+
+
 def usage_error(message: str) -> click.UsageError:
     """``raise usage_error("--nodes must be >= 1, got 0")``: `launch` prints `error: <message> (see `launch X
     --help`)` and exits 2, as for click's own usage errors. Python field names in the message become options."""

@@ -20,6 +20,7 @@ from launcher.cli.common import (
     RegionOpt,
     check_aws_options,
     check_seconds,
+    chosen_engine,
     console,
     stack_session,
     target,
@@ -72,15 +73,7 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
     if not command[0].strip():
         raise usage_error(f"launch run needs a command after --, e.g. `launch run -- python train.py`; got "
                           f"{command[0]!r}")
-    if engine not in userjob.ENGINES:
-        raise usage_error(f"--engine must be one of: {', '.join(userjob.ENGINES)}; got '{engine}'")
-    if reducers < 0:
-        raise usage_error(f"--reducers must be >= 0, got {reducers}")
-    if reducers and engine not in ("ddp", "reducer"):
-        raise usage_error(f"--reducers uses the reducer engine; leave out --engine {engine}")
-    if engine == "reducer" and not reducers:
-        raise usage_error("--engine reducer needs --reducers K (reducer nodes of the cluster)")
-    engine = "reducer" if reducers else engine
+    engine = chosen_engine(engine, reducers, userjob.ENGINES, tier_with="ddp")
     if nodes is not None and nodes < 1:
         raise usage_error(f"--nodes must be >= 1, got {nodes}")
     if max_restarts < 0:

@@ -17,6 +17,7 @@ from launcher.cli.common import (
     RegionOpt,
     check_aws_options,
     check_seconds,
+    chosen_engine,
     console,
     err,
     stack_session,
@@ -88,15 +89,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
         check_model(model)
     except ValueError as e:
         raise usage_error(str(e)) from None
-    if engine not in job.ENGINES:
-        raise usage_error(f"--engine must be one of: {', '.join(job.ENGINES)}; got '{engine}'")
-    if reducers < 0:
-        raise usage_error(f"--reducers must be >= 0, got {reducers}")
-    if reducers and engine not in ("horovod", "reducer"):
-        raise usage_error(f"--reducers uses the reducer engine; leave out --engine {engine}")
-    if engine == "reducer" and not reducers:
-        raise usage_error("--engine reducer needs --reducers K (reducer nodes of the cluster)")
-    engine = "reducer" if reducers else engine
+    engine = chosen_engine(engine, reducers, job.ENGINES, tier_with="horovod")
     from training.schedule import epochs_problem
 
     if problem := epochs_problem(epochs):  # the trainer's own limit, said here before any node is asked
