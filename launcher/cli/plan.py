@@ -16,6 +16,15 @@ from launcher.plans import job
 
 app = typer.Typer()
 
+# The workload options launch plan and launch cost share.
+WorkloadOpt = typer.Option("resnet50", "--workload", help="resnet50 (seed 000's ImageNet recipe), bert-large "
+                           "(NVIDIA's phase 1, seed 004) or mask-rcnn; a custom model with --params, --sample-gflops "
+                           "and --samples-per-epoch.")
+ParamsOpt = typer.Option(None, "--params", help="A custom model: parameters whose gradients are reduced.")
+SampleGflopsOpt = typer.Option(None, "--sample-gflops", help="A custom model: training GFLOP per sample, forward + "
+                               "backward (ResNet-50 at 224 px: 24.5).")
+SamplesPerEpochOpt = typer.Option(None, "--samples-per-epoch", help="A custom model: samples per epoch.")
+
 
 @app.command("plan")
 def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
@@ -46,15 +55,8 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                                                  "`launch data convert --resize 256`: the loader decodes faster."),
              market: str = typer.Option("on-demand", "--market", help="on-demand or spot (spot prices come from "
                                                                      "`launch cost --refresh-prices`)."),
-             workload_name: str = typer.Option("resnet50", "--workload", help="resnet50 (seed 000's ImageNet recipe), "
-                                               "bert-large (NVIDIA's phase 1, seed 004) or mask-rcnn; a custom model "
-                                               "with --params, --sample-gflops and --samples-per-epoch."),
-             params: int = typer.Option(None, "--params", help="A custom model: parameters whose gradients are "
-                                                               "reduced."),
-             sample_gflops: float = typer.Option(None, "--sample-gflops", help="A custom model: training GFLOP per "
-                                                 "sample, forward + backward (ResNet-50 at 224 px: 24.5)."),
-             samples_per_epoch: int = typer.Option(None, "--samples-per-epoch", help="A custom model: samples per "
-                                                   "epoch."),
+             workload_name: str = WorkloadOpt, params: int = ParamsOpt, sample_gflops: float = SampleGflopsOpt,
+             samples_per_epoch: int = SamplesPerEpochOpt,
              as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables.")):
     """The plan and estimate for one cluster shape, offline: hostfile, mpirun, env, EFA devices, LR schedule, cost."""
     import json
@@ -270,15 +272,8 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
              fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce"),
              refresh_prices: bool = typer.Option(False, "--refresh-prices", help="Fetch on-demand (Price List API) "
                                                  "and spot prices from AWS first and cache them."),
-             workload_name: str = typer.Option("resnet50", "--workload", help="resnet50 (seed 000's ImageNet recipe), "
-                                               "bert-large (NVIDIA's phase 1, seed 004) or mask-rcnn; a custom model "
-                                               "with --params, --sample-gflops and --samples-per-epoch."),
-             params: int = typer.Option(None, "--params", help="A custom model: parameters whose gradients are "
-                                                               "reduced."),
-             sample_gflops: float = typer.Option(None, "--sample-gflops", help="A custom model: training GFLOP per "
-                                                 "sample, forward + backward (ResNet-50 at 224 px: 24.5)."),
-             samples_per_epoch: int = typer.Option(None, "--samples-per-epoch", help="A custom model: samples per "
-                                                   "epoch."),
+             workload_name: str = WorkloadOpt, params: int = ParamsOpt, sample_gflops: float = SampleGflopsOpt,
+             samples_per_epoch: int = SamplesPerEpochOpt,
              out: str = typer.Option(None, "--out", help="Report directory; default reports/cost-<time>.")):
     """Compare cluster shapes on time to train and cost; write a report (Markdown, HTML, PNG plots, CSV)."""
     import datetime as dt
