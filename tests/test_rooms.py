@@ -22,7 +22,7 @@ PURE = sorted({
     "launcher.cluster", "launcher.cluster.aws", "launcher.cluster.aws.access", "launcher.cluster.aws.discover",
     "launcher.cluster.aws.lifecycle", "launcher.cluster.aws.readiness",
     "launcher.cost", "launcher.cost.inputs", "launcher.cost.model", "launcher.cost.prices", "launcher.cost.report",
-    "launcher.cost.workloads",
+    "launcher.cost.workloads", "launcher.cost.shape",
     "launcher.cost.runcheck",
     "launcher.doctor", "launcher.doctor.checks", "launcher.doctor.busbw",
     "launcher.plans", *(f"launcher.plans.{p.stem}" for p in (ROOT / "launcher" / "plans").glob("*.py")

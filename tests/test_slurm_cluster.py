@@ -294,7 +294,7 @@ def test_a_horovod_script_and_a_failing_command_under_launch_run(home, tmp_path)
     assert "[rank 0] reducer rank=0 size=2 sum=3" in tier.stdout, tier.stdout
     assert "[rank 1] reducer rank=1 size=2 sum=3" in tier.stdout, tier.stdout
     for args, said in ((["--procs-per-node", "2"], "--procs-per-node 2 is more than the 1 vCPU(s) of node0"),
-                       (["--workdir", str(work / "nope")], "is not a directory"),
+                       (["--workdir", str(work / "nope")], "--workdir must be a directory"),
                        ([], "needs a command after --")):
         assert_one_line_error(launch(home, "run", "--cluster", "local", *args, *(["--", "true"] if args else [])),
                               said)

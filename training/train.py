@@ -308,8 +308,7 @@ def train(cfg: Config) -> dict:
             log(f"resuming from {path.name}: epoch {start_epoch}, step {state['step'] + 1}", flush=True)
         elif problem is None:
             log(f"--resume: no checkpoint in {out}; starting from scratch", flush=True)
-    # Distributed: every rank learns rank 0's verdict, then starts from its parameters, optimizer state,
-    # loss scale and epoch.
+    # Distributed: every rank learns rank 0's verdict, then its parameters, optimizer state, loss scale and epoch.
     start_epoch, problem = engine.broadcast_object((start_epoch, problem), "resume.verdict")
     if problem:
         raise TrainError(problem)
@@ -486,8 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg)
     except (TrainError, DataError) as e:
-        # A verdict every rank reached (same manifest, same options) is said once, by rank 0; one rank's own
-        # problem is said by that rank.
+        # A verdict every rank reached (same manifest, same options) is said once, by rank 0; a rank's own, by it.
         everywhere = getattr(e, "everywhere", True)
         if _rank() == 0 or not everywhere:
             where = "" if everywhere else f"rank {_rank()}: "

@@ -51,12 +51,12 @@ from launcher.cost.inputs import (
     resolve_gpu_throughput,
 )
 from launcher.cost.prices import PriceQuote, catalog_quote
+from launcher.cost.shape import TIER_NOUN, BatchTooLarge, default_tier_nodes, steps_per_epoch, tier_noun  # noqa: F401
 from launcher.plans import loading
 
 __all__ = ["BatchTooLarge", "Estimate", "compare", "default_tier_nodes", "estimate", "model_notes", "node_efficiency",
            "steps_per_epoch", "sync_overhead", "tier_noun"]
 
-_TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
 # A multi-node shape is network-bound when at least this share of each step waits on communication (seed 000's
 # 8 x p3.16xlarge on 25 Gbps TCP: 4.8%, the rest of its 10% the slowest node's; 8 x p4d.24xlarge on EFA: none).
 NETWORK_BOUND_SHARE = 0.04
@@ -125,7 +125,7 @@ class Estimate(BaseModel):
         """'8 x p3.16xlarge' or '8 x p3.16xlarge + 16 x m5.24xlarge parameter servers'."""
         base = f"{self.nodes} x {self.instance_type}"
         if self.tier_type:
-            base += f" + {self.tier_nodes} x {self.tier_type} {_TIER_NOUN[self.strategy]}s"
+            base += f" + {self.tier_nodes} x {self.tier_type} {TIER_NOUN[self.strategy]}s"
         return base
 
     @property
@@ -234,30 +234,6 @@ def _verdict(instance: InstanceType, nodes: int, strategy: str, bottleneck: str,
                              "it: faster GPUs, or more of them")
 
 
-class BatchTooLarge(ValueError):
-    """An epoch's share of samples per rank is smaller than one batch: no step would run (a bad --batch-per-gpu or
-    --nodes, said by `launch plan` and `launch cost` alike)."""
-
-
-def steps_per_epoch(images: int, ranks: int, batch_per_gpu: int) -> int:
-    """Full batches each rank makes from an even share of the epoch's images (the trainer drops the rest)."""
-    steps = images // ranks // batch_per_gpu
-    if steps < 1:
-        raise BatchTooLarge(f"{images:,} images over {ranks} ranks is {images // ranks:,} per rank, fewer than one "
-                            f"batch of {batch_per_gpu}; use fewer nodes or a smaller --batch-per-gpu")
-    return steps
-
-
-def tier_noun(strategy: str) -> str:
-    """'reducer' or 'parameter server': what one node of the strategy's CPU tier is called."""
-    return _TIER_NOUN[strategy]
-
-
-def default_tier_nodes(strategy: str, nodes: int) -> int:
-    """Seed 003's 2 parameter servers per worker; seed 004's one reducer per worker; none for horovod."""
-    return {"ps": 2 * nodes, "reducers": nodes}.get(strategy, 0)
-
-
 def _fabric(efa: bool, c: ModelConstants) -> tuple[float, float, str]:
     if efa:
         return c.network_efficiency_efa, c.network_latency_efa_s, "EFA"
@@ -308,9 +284,9 @@ def estimate(
         if tier.gpus:
             raise ValueError(f"{STRATEGY_LABELS[strategy]} run on CPU instance types; {tier.name} has GPUs")
         if tier_nodes < 1:
-            raise ValueError(f"the {strategy} strategy needs at least 1 {_TIER_NOUN[strategy]} node, got {tier_nodes}")
-        if problem := nodes_allowed(tier_nodes, _TIER_NOUN[strategy]):  # the commands name their options first
-            raise ValueError(f"{tier_nodes:,} {_TIER_NOUN[strategy]} nodes: {problem}")
+            raise ValueError(f"the {strategy} strategy needs at least 1 {TIER_NOUN[strategy]} node, got {tier_nodes}")
+        if problem := nodes_allowed(tier_nodes, TIER_NOUN[strategy]):  # the commands name their options first
+            raise ValueError(f"{tier_nodes:,} {TIER_NOUN[strategy]} nodes: {problem}")
     price = price or catalog_quote(instance)
     if price.instance_type != instance.name:
         raise ValueError(f"price is for {price.instance_type}, not {instance.name}")
