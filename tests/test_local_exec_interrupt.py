@@ -16,6 +16,18 @@ def _running(token: str) -> bool:
     return subprocess.run(["pgrep", "-f", token], capture_output=True).returncode == 0
 
 
+def _ctrl_c(proc: subprocess.Popen, what: str) -> tuple[str, float]:
+    """Ctrl-C to a running launch command: (its stderr, seconds until it exited); a fail if not gone in 15 s."""
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{what} was still running 15 s after Ctrl-C (it waited for the nodes' commands)")
+    return err, time.monotonic() - started
+
+
 @pytest.fixture
 def home(tmp_path):
     home = tmp_path / "home"
@@ -32,14 +44,8 @@ def test_ctrl_c_during_exec_is_prompt_and_one_line(home):
         time.sleep(0.2)
     assert _running(f"sleep {token}"), "the nodes' commands never started"
     time.sleep(0.5)
-    started = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("launch exec was still running 15 s after Ctrl-C (it waited for the nodes' commands)")
-    assert time.monotonic() - started < 5
+    err, took = _ctrl_c(proc, "launch exec")
+    assert took < 5
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "error: interrupted", err
     # ...and the nodes' commands end with their SSH sessions, leaving nothing running.
@@ -61,16 +67,10 @@ def test_ctrl_c_during_doctor_is_prompt_and_one_line(home):
             time.sleep(0.02)
         if proc.poll() is not None:
             continue  # finished before its MPI test was seen: try again
-        started = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            pytest.fail("launch doctor was still running 15 s after Ctrl-C")
+        err, took = _ctrl_c(proc, "launch doctor")
         if proc.returncode != 130 and "interrupted" not in err:
             continue  # the MPI test had ended as the signal left: the doctor finished on its own
-        assert time.monotonic() - started < 5
+        assert took < 5
         assert proc.returncode == 130 and "Traceback" not in err, err
         assert err.strip().splitlines()[-1] == "error: interrupted", err
         return
