@@ -191,3 +191,21 @@ def test_ctrl_c_during_convert_on_a_cluster_hangs_up_every_node_at_once(monkeypa
     while len(hung_up) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sorted(hung_up) == ["node0", "node1"]
+
+
+def test_a_stopped_worker_pool_leaves_no_thread_for_the_exit_hook_to_race():
+    """stop() returns once the pool's manager thread has closed its wake-up pipe. On Python 3.11 the interpreter's
+    exit hook (concurrent.futures.process._python_exit) writes to that pipe without the pool's lock; a manager thread
+    still closing it then printed an OSError traceback after "error: interrupted" (CI, Ctrl-C as workers started)."""
+    import concurrent.futures.process as cfp
+
+    from training.shardwriter import WorkerPool
+
+    for _ in range(5):
+        pool = WorkerPool(2)
+        jobs = [pool.submit(time.sleep, 30) for _ in range(2)]
+        while not all(job.running() for job in jobs):
+            time.sleep(0.01)
+        pool.stop()
+        assert not [t for t, wakeup in list(cfp._threads_wakeups.items()) if t.is_alive() or not wakeup._closed]
+        pool.progress.close()

@@ -315,11 +315,18 @@ class WorkerPool:
         (shutdown alone waits for those: Ctrl-C near the end waited for every shard). A killed worker leaves at
         most a temporary file, which the next run removes. Python 3.14's terminate_workers() does the same."""
         processes = list((self.pool._processes or {}).values())  # noqa: SLF001 - no public handle before 3.14
+        manager = self.pool._executor_manager_thread  # noqa: SLF001 - shutdown() drops it; joined below
         self.pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
         for process in still_running(processes, STOP_GRACE_S):
             process.kill()
+        # The pool's manager thread closes its wake-up pipe once it sees the workers gone. On Python 3.11 the
+        # interpreter's exit hook writes to that pipe unlocked and, when the two cross, prints a traceback after
+        # "error: interrupted" (OSError: Bad file descriptor, in concurrent.futures.process._python_exit); waiting
+        # for the thread here leaves the pipe closed, and the hook then skips it.
+        if manager is not None:
+            manager.join(STOP_GRACE_S)
 
 
 def still_running(processes: list, timeout: float) -> list:
