@@ -218,6 +218,31 @@ def stream(cluster: Cluster, node: Node, command: str, *, pty: bool = True,
 
 
 @contextlib.contextmanager
+def on_sigint(action: Callable[[], None]) -> Iterator[list[int]]:
+    """Calls `action` on each SIGINT while the block runs, and records it; the previous handler is back after. Only
+    the main thread receives signals (Python's signal module), so elsewhere nothing is installed and nothing
+    recorded."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def handler(signum, frame):
+        seen.append(signum)
+        action()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _raise_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
 def interrupts() -> Iterator[list[int]]:
     """Records each SIGINT while a remote command runs, then lets it through as usual (KeyboardInterrupt).
 
@@ -225,20 +250,8 @@ def interrupts() -> Iterator[list[int]]:
     then stops its ranks) and waits for the command to end, returning as if nothing happened; the record is how
     the caller learns the user asked to stop. Only the main thread receives signals, so elsewhere: no record.
     """
-    seen: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
+    with on_sigint(_raise_interrupt) as seen:
         yield seen
-        return
-
-    def on_sigint(signum, frame):
-        seen.append(signum)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield seen
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def check(cluster: Cluster, node: Node, command: str, *, timeout_s: float | None = None) -> tuple[int, str]:
@@ -257,24 +270,13 @@ def hangs_up_on_interrupt(conn: Connection) -> Iterator[None]:
     does not read (no pty), and the wait goes on to the command's end, returning as if nothing happened: Ctrl-C
     during `launch doctor`'s checks did nothing. The close runs on a thread of its own, never inside the handler,
     which may have interrupted paramiko holding a lock. Only the main thread receives signals: elsewhere, nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    seen: list[int] = []
-
-    def on_sigint(signum, frame):
-        seen.append(signum)
-        threading.Thread(target=conn.close, daemon=True).start()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    except Exception:  # the closed connection's own error, once the user asked to stop
-        if seen:
-            raise KeyboardInterrupt from None
-        raise
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with on_sigint(lambda: threading.Thread(target=conn.close, daemon=True).start()) as seen:
+        try:
+            yield
+        except Exception:  # the closed connection's own error, once the user asked to stop
+            if seen:
+                raise KeyboardInterrupt from None
+            raise
     if seen:
         raise KeyboardInterrupt
 
