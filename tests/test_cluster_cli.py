@@ -221,6 +221,11 @@ def test_cluster_help_says_the_aws_fallback(capsys):
 ])
 def test_bad_options_are_usage_errors_in_every_command(argv, said, tmp_path, monkeypatch, capsys):
     """Exit 2 and one line, before any cluster or AWS call, as click's own usage errors (they exited 1 or 2)."""
+    from launcher.local import backend, rehearsal_cluster
+
+    # A check that moved after start-up would bring up real nodes here (and leave them running): fail instead.
+    for module, starts in ((rehearsal_cluster, "up"), (backend, "_check_tools")):
+        monkeypatch.setattr(module, starts, lambda *a, **kw: pytest.fail(f"{argv} started a local cluster"))
     monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
