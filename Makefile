@@ -61,7 +61,7 @@ lint: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --durations=25
 
 demo: setup
 	bash scripts/demo.sh

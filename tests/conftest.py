@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import os  # noqa: E402
 
 import botocore.client  # noqa: E402
+import pytest  # noqa: E402
 
 LAUNCHER_AWS_CALLS: set[str] = set()
 _ROOT = Path(__file__).resolve().parent.parent
@@ -42,3 +43,42 @@ def pytest_sessionfinish(session, exitstatus):
     out = os.environ.get("SCALETRAIN_AWS_CALLS_OUT")
     if out:
         Path(out).write_text("".join(f"{call}\n" for call in sorted(LAUNCHER_AWS_CALLS)))
+
+
+# --- Two test processes (`make test`: pytest -n 2) ---------------------------------------------------------------
+# Each module stays in one process, so its module-scoped fixtures (a synth, a cluster, shards) are made once; and two
+# kinds of module run in one process each, one module after another, in file order:
+# - "serial": every module with a test marked cluster (rehearsal nodes take the first free subnet and bridge name, and
+#   two clusters coming up at once would race for them), and the modules that bound how soon Ctrl-C ends a command
+#   (another process busy on both cores must not decide those);
+# - "aws": the launcher's tests against moto, tests/test_zz_launcher_iam_policy.py last: it reads the AWS calls this
+#   process recorded (LAUNCHER_AWS_CALLS) in all of them.
+# xdist's own `--dist loadgroup` would do this with xdist_group marks, but with pytest 9.2 it no longer groups
+# (pytest-dev/pytest-xdist#1386: it renames the tests' ids, which pytest no longer lets it), so the grouping is a
+# scheduler of its own, LoadScopeScheduling's with the group as its scope.
+TIMING_MODULES = {"test_data_interrupt", "test_local_exec_interrupt", "test_ssh_keepalive"}
+
+
+def scope_of(module: str, source: str, aws_modules) -> str:
+    if "mark.cluster" in source or module in TIMING_MODULES:
+        return "serial"
+    return "aws" if module in aws_modules else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from test_zz_launcher_iam_policy import AWS_MODULES
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups: dict[str, str] = {}
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path not in groups:
+                file = config.rootpath / path
+                source = file.read_text() if file.is_file() else ""
+                groups[path] = scope_of(file.stem, source, AWS_MODULES)
+            return groups[path]
+
+    return GroupScheduling(config, log)

@@ -1,11 +1,10 @@
-"""What `launch status` (with --extend-ttl) and `launch ssh` print, through the real CLI: status against a stack in
-moto, ssh against the local cluster's real sshd; and that no command offers a way in other than SSM."""
+"""What `launch status` (with --extend-ttl) and `launch ssh` print, through the real CLI, against a stack in moto; and
+that no command offers a way in other than SSM. `launch ssh` on rehearsal nodes: tests/test_rehearsal_cluster.py."""
 
 from __future__ import annotations
 
 import boto3
 import pytest
-from clusterutil import assert_one_line_error, cluster_state, launch, needs_root
 from test_aws_moto import deploy, env, stack_exists  # noqa: F401 -- env is the moto fixture
 
 from infra import ttl
@@ -57,24 +56,6 @@ def test_status_on_a_stopped_node_exits_non_zero(env, no_console, capsys):  # no
     assert cli.main(["status", "--cluster", "c1"]) == 1
     row = next(line for line in capsys.readouterr().out.splitlines() if " node1 " in line)
     assert "stopp" in row
-
-
-@pytest.mark.cluster
-@needs_root
-def test_launch_ssh_runs_on_the_named_node_and_refuses_unknown_ones(tmp_path):
-    home = tmp_path / "home"
-    # rehearsal nodes: each its own hostname
-    launch(home, "local", "up", "--no-slurm", "--nodes", "2", check=True, timeout=3600)
-    try:
-        proc = launch(home, "ssh", "node1", "--", "echo", "on", "$(hostname)", "at", "$(hostname -I)", timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        address = cluster_state(home)["nodes"][1]["address"]
-        assert proc.stdout.split() == ["on", "node1", "at", address]
-        # The remote command's exit status comes back as launch's own.
-        assert launch(home, "ssh", "node0", "--", "exit", "7", timeout=60).returncode == 7
-        assert_one_line_error(launch(home, "ssh", "node9", "--", "true", timeout=60), "node9")
-    finally:
-        launch(home, "local", "down")
 
 
 def test_status_names_a_replacement_instance_not_yet_discovered(env, no_console, capsys):  # noqa: F811

@@ -130,6 +130,16 @@ def test_a_subnet_in_use_is_refused_and_nothing_is_left_behind(home):
     assert not (home / "clusters" / "other").exists()
 
 
+def test_launch_ssh_runs_on_the_named_node_and_refuses_unknown_ones(home):
+    proc = launch(home, "ssh", "node1", "--", "echo", "on", "$(hostname)", "at", "$(hostname -I)", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    address = cluster_state(home)["nodes"][1]["address"]
+    assert proc.stdout.split() == ["on", "node1", "at", address]  # each rehearsal node has its own hostname
+    # The remote command's exit status comes back as launch's own.
+    assert launch(home, "ssh", "node0", "--", "exit", "7", timeout=60).returncode == 7
+    assert_one_line_error(launch(home, "ssh", "node9", "--", "true", timeout=60), "node9")
+
+
 def test_a_killed_node_is_its_namespace_going_away_and_replace_boots_it_from_the_image(home):
     launch(home, "exec", "--", "touch /root/mine", check=True)
     state = cluster_state(home)
