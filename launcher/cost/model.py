@@ -51,7 +51,7 @@ from launcher.cost.inputs import (
     resolve_gpu_throughput,
 )
 from launcher.cost.prices import PriceQuote, catalog_quote
-from launcher.cost.shape import TIER_NOUN, BatchTooLarge, default_tier_nodes, steps_per_epoch, tier_noun  # noqa: F401
+from launcher.cost.shape import BatchTooLarge, default_tier_nodes, steps_per_epoch, tier_noun
 from launcher.plans import loading
 
 __all__ = ["BatchTooLarge", "Estimate", "compare", "default_tier_nodes", "estimate", "model_notes", "node_efficiency",
@@ -125,7 +125,7 @@ class Estimate(BaseModel):
         """'8 x p3.16xlarge' or '8 x p3.16xlarge + 16 x m5.24xlarge parameter servers'."""
         base = f"{self.nodes} x {self.instance_type}"
         if self.tier_type:
-            base += f" + {self.tier_nodes} x {self.tier_type} {TIER_NOUN[self.strategy]}s"
+            base += f" + {self.tier_nodes} x {self.tier_type} {tier_noun(self.strategy)}s"
         return base
 
     @property
@@ -284,9 +284,9 @@ def estimate(
         if tier.gpus:
             raise ValueError(f"{STRATEGY_LABELS[strategy]} run on CPU instance types; {tier.name} has GPUs")
         if tier_nodes < 1:
-            raise ValueError(f"the {strategy} strategy needs at least 1 {TIER_NOUN[strategy]} node, got {tier_nodes}")
-        if problem := nodes_allowed(tier_nodes, TIER_NOUN[strategy]):  # the commands name their options first
-            raise ValueError(f"{tier_nodes:,} {TIER_NOUN[strategy]} nodes: {problem}")
+            raise ValueError(f"the {strategy} strategy needs at least 1 {tier_noun(strategy)} node, got {tier_nodes}")
+        if problem := nodes_allowed(tier_nodes, tier_noun(strategy)):  # the commands name their options first
+            raise ValueError(f"{tier_nodes:,} {tier_noun(strategy)} nodes: {problem}")
     price = price or catalog_quote(instance)
     if price.instance_type != instance.name:
         raise ValueError(f"price is for {price.instance_type}, not {instance.name}")

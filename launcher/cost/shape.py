@@ -3,7 +3,7 @@ CPU tier's nodes (seed 003's parameter servers, seed 004's reducers). Pure; laun
 
 from __future__ import annotations
 
-TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
+_TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
 
 
 class BatchTooLarge(ValueError):
@@ -22,7 +22,7 @@ def steps_per_epoch(images: int, ranks: int, batch_per_gpu: int) -> int:
 
 def tier_noun(strategy: str) -> str:
     """'reducer' or 'parameter server': what one node of the strategy's CPU tier is called."""
-    return TIER_NOUN[strategy]
+    return _TIER_NOUN[strategy]
 
 
 def default_tier_nodes(strategy: str, nodes: int) -> int:
