@@ -6,16 +6,21 @@ world of one: DDP over NCCL initialised through env:// on 127.0.0.1, so no Horov
 Each row's figure is the run's `steady_images_per_sec` from its summary.json: every logged window but the first,
 which holds cuDNN's autotuning, torch.compile's compilation and the loader's start.
 
-  synthetic   one random uint8 batch made on the GPU (no I/O): fp16 and bf16, channels_last and contiguous,
-              then fp16 + channels_last with --compile
+  synthetic   one random uint8 batch made on the GPU (no I/O): fp16 and bf16, channels_last; fp16 contiguous;
+              fp16 + channels_last with --compile (last: it compiles for a minute or more)
   real        ImageNet-sized JPEGs (500x375 quality 90, about 99 KiB: bench/loader.py's `photo`) generated on
               this machine in the ILSVRC2012 folder layout, converted by training/convert.py as they are and
-              with --resize 256, and read by training/loader.py with --workers (default: cores - 1); fp16,
+              with --resize 256, and read by training/loader.py with --workers (default: cores - 1), decoded by
+              those workers (--decode cpu) or on the GPU (--decode gpu: nvJPEG, training/gpudecode.py); fp16,
               channels_last, as the synthetic row it is compared with
 
-Prints a table, then `ratio=` last: real loader on the --resize 256 shards over synthetic, same settings (the
-goal is >= 0.90; >= 3,000 img/s synthetic on one H100). With $OUT set, also writes $OUT/gpu.json (device,
-date, command, versions and every row).
+Before the real rows, bench/gpudecode.py's table: the input pipeline alone (no model), CPU decode against GPU
+decode, with 1 worker and with all of them.
+
+Prints the tables, then `ratio=` last: real loader (CPU decode) on the --resize 256 shards over synthetic, same
+settings (the goal is >= 0.90; >= 5,000 img/s synthetic on one H100). With $OUT set, also writes $OUT/gpu.json
+(device, date, command, versions, every row). --budget S skips the rows that would start after S seconds, so a
+device call with a hard limit still ends with its tables.
 
 On a machine without a GPU it runs a tiny CPU configuration so tests/test_gpu_bench.py keeps this command
 working: resnet18, 16 px, batch 4, 4 steps, one torch thread, the same rows with fp32 in place of fp16 (CPUs
@@ -34,7 +39,7 @@ then, through the device tool, with carry [".whl"]:
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \\
         PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 bench/gpu.py
 
-    python3 bench/gpu.py [--steps 60] [--log-every 10] [--workers N] [--tiny]
+    python3 bench/gpu.py [--steps 40] [--log-every 10] [--workers N] [--budget S] [--tiny]
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpudecode import pipeline_rows, pipeline_table  # noqa: E402  (bench/gpudecode.py: the pipeline alone)
 from loader import QUALITY, photo  # noqa: E402  (bench/loader.py: the 500x375 stand-in for an ImageNet photo)
 
 from training.convert import convert  # noqa: E402
@@ -91,9 +97,11 @@ class Row:
     precision: str
     memory_format: str
     compile: bool
-    images_per_sec: float  # steady: every logged window but the first
+    decode: str          # cpu (loader processes) or gpu (nvJPEG); synthetic rows decode nothing
+    images_per_sec: float | None  # steady: every logged window but the first; None: skipped (reason in `skipped`)
     time_s: float          # the run's training time (all steps, first window included)
     wall_s: float          # the whole process, start-up and compilation included
+    skipped: str = ""      # why the row did not run: no CUDA, or past --budget
 
 
 def gpu_setup(steps: int, log_every: int, workers: int) -> Setup:
@@ -109,17 +117,20 @@ def tiny_setup(steps: int, log_every: int, workers: int) -> Setup:
                  workers=workers, amp="fp32", threads=1)
 
 
-# (name, data, precision, memory format, compile); "amp" is the setup's `amp` (fp16 on GPU). The first row is
-# the baseline: the ratio compares "real, --resize 256" with it, same settings.
+# (name, data, precision, memory format, compile, decode); "amp" is the setup's `amp` (fp16 on GPU). The first
+# row is the baseline: the ratio compares "real, --resize 256" with it, same settings. The order is the order of
+# importance, so a --budget cuts the least wanted rows.
 RUNS = [
-    ("{amp}", "synthetic", "amp", "channels_last", False),
-    ("{amp}, contiguous", "synthetic", "amp", "contiguous", False),
-    ("bf16", "synthetic", "bf16", "channels_last", False),
-    ("bf16, contiguous", "synthetic", "bf16", "contiguous", False),
-    ("{amp}, --compile", "synthetic", "amp", "channels_last", True),
-    ("real, full-size", "full-size", "amp", "channels_last", False),
-    (f"real, --resize {RESIZE}", "resized", "amp", "channels_last", False),
+    ("{amp}", "synthetic", "amp", "channels_last", False, "cpu"),
+    ("bf16", "synthetic", "bf16", "channels_last", False, "cpu"),
+    (f"real, --resize {RESIZE}", "resized", "amp", "channels_last", False, "cpu"),
+    ("real, full-size", "full-size", "amp", "channels_last", False, "cpu"),
+    (f"real, --resize {RESIZE}, GPU decode", "resized", "amp", "channels_last", False, "gpu"),
+    ("real, full-size, GPU decode", "full-size", "amp", "channels_last", False, "gpu"),
+    ("{amp}, contiguous", "synthetic", "amp", "contiguous", False, "cpu"),
+    ("{amp}, --compile", "synthetic", "amp", "channels_last", True, "cpu"),
 ]
+NAME_WIDTH = 32
 
 
 def _photos(seed: int, count: int) -> list[bytes]:
@@ -163,7 +174,7 @@ def free_port() -> int:
 
 
 def trainer_argv(setup: Setup, run_dir: Path, data: Path | None, precision: str, memory_format: str,
-                 compile_: bool) -> list[str]:
+                 compile_: bool, decode: str = "cpu") -> list[str]:
     argv = [sys.executable, "-m", "training.train", "--engine", "ddp", "--output", str(run_dir),
             "--model", setup.model, "--image-size", str(setup.image_size), "--batch-per-gpu", str(setup.batch),
             "--epochs", "1", "--steps-per-epoch", str(setup.steps), "--log-every", str(setup.log_every),
@@ -172,7 +183,11 @@ def trainer_argv(setup: Setup, run_dir: Path, data: Path | None, precision: str,
     argv += ["--compile"] if compile_ else []
     if data is None:
         return argv + ["--synthetic", "--num-classes", "1000"]
-    return argv + ["--data", str(data), "--workers", str(setup.workers)]
+    return argv + ["--data", str(data), "--workers", str(setup.workers), "--decode", decode]
+
+
+class RowFailed(RuntimeError):
+    """One row's run failed: the bench records it and goes on with the others."""
 
 
 def run_trainer(argv: list[str], name: str) -> tuple[dict, float]:
@@ -187,7 +202,8 @@ def run_trainer(argv: list[str], name: str) -> tuple[dict, float]:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         tail = (proc.stdout[-2000:] + proc.stderr[-4000:]).rstrip()
-        sys.exit(f"{tail}\nerror: the trainer failed in run '{name}' (exit {proc.returncode}): {' '.join(argv)}")
+        print(f"{tail}\nthe trainer failed in run '{name}' (exit {proc.returncode}): {' '.join(argv)}", flush=True)
+        raise RowFailed(f"failed (exit {proc.returncode}): {tail.splitlines()[-1] if tail else ''}"[:200])
     return json.loads((Path(argv[argv.index("--output") + 1]) / "summary.json").read_text()), wall
 
 
@@ -201,31 +217,41 @@ def environment(summary: dict, cores: int) -> dict:
 
 def table(rows: list[Row]) -> str:
     baseline = rows[0].images_per_sec
-    lines = [f"{'run':<22} {'data':<10} {'precision':<9} {'memory':<13} {'compile':<7} {'img/s':>9} "
-             f"{'vs ' + rows[0].name:>9} {'run s':>6} {'wall s':>6}"]
+    lines = [f"{'run':<{NAME_WIDTH}} {'data':<10} {'precision':<9} {'memory':<13} {'compile':<7} {'decode':<6} "
+             f"{'img/s':>9} {'vs ' + rows[0].name:>9} {'run s':>6} {'wall s':>6}"]
     for r in rows:
-        lines.append(f"{r.name:<22} {r.data:<10} {r.precision:<9} {r.memory_format:<13} "
-                     f"{'yes' if r.compile else 'no':<7} {r.images_per_sec:9,.1f} {r.images_per_sec / baseline:9.2f} "
-                     f"{r.time_s:6.1f} {r.wall_s:6.1f}")
+        start = (f"{r.name:<{NAME_WIDTH}} {r.data:<10} {r.precision:<9} {r.memory_format:<13} "
+                 f"{'yes' if r.compile else 'no':<7} {r.decode:<6} ")
+        if r.images_per_sec is None:
+            lines.append(start + f"skipped: {r.skipped}")
+            continue
+        lines.append(start + f"{r.images_per_sec:9,.1f} {r.images_per_sec / baseline:9.2f} {r.time_s:6.1f} "
+                             f"{r.wall_s:6.1f}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=0, help="optimizer steps per run (default: 60 on GPU, 4 tiny)")
+    p.add_argument("--steps", type=int, default=0, help="optimizer steps per run (default: 40 on GPU, 4 tiny)")
     p.add_argument("--log-every", type=int, default=0, help="steps per logged window (default: 10 on GPU, 2 tiny)")
     p.add_argument("--workers", type=int, default=0, help="loader processes for the real-data runs "
                                                           "(default: cores - 1 on GPU, 1 tiny)")
+    p.add_argument("--budget", type=float, default=0.0, help="seconds: rows that would start later are skipped "
+                                                             "(0: no limit)")
     p.add_argument("--tiny", action="store_true", help="the tiny CPU configuration, even with a GPU")
     args = p.parse_args(argv)
+    began = time.perf_counter()
     cores = os.cpu_count() or 1
     tiny = args.tiny or not torch.cuda.is_available()
     log_every = args.log_every or (2 if tiny else 10)
-    steps = args.steps or (4 if tiny else 60)
+    steps = args.steps or (4 if tiny else 40)
     if steps < 2 * log_every:
         p.error(f"--steps {steps} must be at least twice --log-every {log_every}: the first window is not counted")
+    if args.budget < 0:
+        p.error(f"--budget must be >= 0 seconds, got {args.budget:g}")
     if tiny and torch.cuda.is_available():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the trainer's CPU path, as on a machine without a GPU
+    cuda = not tiny
     workers = args.workers or (1 if tiny else max(1, cores - 1))
     setup = (tiny_setup if tiny else gpu_setup)(steps, log_every, workers)
     command = " ".join(["python3", "bench/gpu.py", *(argv if argv is not None else sys.argv[1:])])
@@ -233,49 +259,85 @@ def main(argv: list[str] | None = None) -> int:
           f"(the first {setup.log_every} not counted), {'tiny CPU configuration' if tiny else 'GPU'}", flush=True)
 
     rows: list[Row] = []
+    pipeline: list = []
     summary: dict = {}
     with tempfile.TemporaryDirectory(prefix="scaletrain-bench-gpu-") as tmp:
         shards: dict[str, Path] = {}
-        for name, data, precision, memory_format, compile_ in RUNS:
+        for name, data, precision, memory_format, compile_, decode in RUNS:
             name, precision = name.format(amp=setup.amp), setup.amp if precision == "amp" else precision
+            skipped = ("no CUDA" if decode == "gpu" and not cuda else
+                       f"past --budget {args.budget:g} s" if args.budget and time.perf_counter() - began > args.budget
+                       else "")
+            if skipped:
+                rows.append(Row(name, data, precision, memory_format, compile_, decode, None, 0.0, 0.0, skipped))
+                print(f"  {name}: skipped ({skipped})", flush=True)
+                continue
             if data != "synthetic" and not shards:
                 start = time.perf_counter()
                 shards = make_shards(Path(tmp), setup, cores)
                 count = len(list(shards["full-size"].glob("train-*.tar")))
                 print(f"  shards: {setup.images} images, {count} shards each, made in "
                       f"{time.perf_counter() - start:.0f} s", flush=True)
+                try:
+                    pipeline = pipeline_rows(shards, setup.workers, setup.image_size, setup.batch,
+                                             say=lambda line: print(line, flush=True))
+                except Exception as e:  # noqa: BLE001 - the trainer rows still run; the error is printed whole
+                    import traceback
+
+                    traceback.print_exc()
+                    print(f"  the input pipeline table failed: {e}", flush=True)
             run_dir = Path(tmp) / "runs" / name.replace(" ", "").replace(",", "-")
-            summary, wall = run_trainer(trainer_argv(setup, run_dir, shards.get(data), precision, memory_format,
-                                                     compile_), name)
-            rows.append(Row(name, data, precision, memory_format, compile_, summary["steady_images_per_sec"],
-                            summary["time_s"], wall))
+            try:
+                summary, wall = run_trainer(trainer_argv(setup, run_dir, shards.get(data), precision, memory_format,
+                                                         compile_, decode), name)
+            except RowFailed as e:
+                if not rows:  # the baseline itself: nothing to compare with
+                    sys.exit(f"error: the baseline run '{name}' {e}")
+                rows.append(Row(name, data, precision, memory_format, compile_, decode, None, 0.0, 0.0, str(e)))
+                continue
+            rows.append(Row(name, data, precision, memory_format, compile_, decode,
+                            summary["steady_images_per_sec"], summary["time_s"], wall))
             print(f"  {name}: {rows[-1].images_per_sec:,.1f} img/s ({wall:.0f} s)", flush=True)
         sizes = {k: sum(f.stat().st_size for f in v.glob("train-*.tar")) / setup.images for k, v in shards.items()}
 
     rate = {r.name: r.images_per_sec for r in rows}
     baseline = rows[0].images_per_sec
-    ratio = rate[f"real, --resize {RESIZE}"] / baseline
-    full_ratio = rate["real, full-size"] / baseline
+
+    def over_baseline(name: str) -> float | None:
+        return None if rate.get(name) is None else rate[name] / baseline
+
+    ratio = over_baseline(f"real, --resize {RESIZE}")
+    ratios = {"full_size": over_baseline("real, full-size"),
+              "gpu_decode": over_baseline(f"real, --resize {RESIZE}, GPU decode"),
+              "gpu_decode_full_size": over_baseline("real, full-size, GPU decode")}
     env = environment(summary, cores)
     print(f"device: {env['device']}; {cores} cores; torch {env['torch']}"
           + (f", CUDA {env['cuda']}, cuDNN {env['cudnn']}" if env["cuda"] else ""))
-    print(f"real data: 500x375 q{QUALITY} JPEGs, {sizes['full-size'] / 1024:.0f} KiB per sample as shards, "
-          f"{sizes['resized'] / 1024:.0f} KiB with --resize {RESIZE}; {setup.workers} loader worker(s)")
+    if sizes:
+        print(f"real data: 500x375 q{QUALITY} JPEGs, {sizes['full-size'] / 1024:.0f} KiB per sample as shards, "
+              f"{sizes['resized'] / 1024:.0f} KiB with --resize {RESIZE}; {setup.workers} loader worker(s)")
+    if pipeline:
+        print(pipeline_table(pipeline))
     print(table(rows))
-    print(f"real loader / synthetic ({setup.amp}, channels_last): full-size {full_ratio:.2f}, "
-          f"--resize {RESIZE} {ratio:.2f}")
+    shown = {"full-size": ratios["full_size"], f"--resize {RESIZE}": ratio,
+             "GPU decode full-size": ratios["gpu_decode_full_size"],
+             f"GPU decode --resize {RESIZE}": ratios["gpu_decode"]}
+    print(f"real loader / synthetic ({setup.amp}, channels_last): "
+          + ", ".join(f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in shown.items()))
     if os.environ.get("OUT"):
         record = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"), "command": command,
                   "configuration": "tiny" if tiny else "gpu", "setup": asdict(setup), **env,
                   "bytes_per_sample": sizes, "rows": [asdict(r) for r in rows],
-                  "ratio_full_size": full_ratio, "ratio": ratio}
+                  "pipeline": [asdict(r) for r in pipeline], "ratio_full_size": ratios["full_size"],
+                  "ratio_gpu_decode": ratios["gpu_decode"],
+                  "ratio_gpu_decode_full_size": ratios["gpu_decode_full_size"], "ratio": ratio}
         out = Path(os.environ["OUT"]) / "gpu.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp_out = out.with_name(".gpu.json.tmp")
         tmp_out.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(tmp_out, out)
         print(f"wrote {out}")
-    print(f"ratio={ratio:.2f}")
+    print(f"ratio={'n/a' if ratio is None else f'{ratio:.2f}'}")
     return 0
 
 

@@ -4,11 +4,14 @@ Each run is `python -m training.train --engine ddp` with a world of one: DDP ove
 127.0.0.1, as bench/gpu.py runs it (no Horovod or mpirun on the device machine). Covered: loss falls on real
 shards read through the loader with pinned, non-blocking copies (fp16 + channels_last, bf16 + contiguous),
 fp16 steps with an inf/nan gradient are skipped (static and dynamic loss scale), a checkpoint written on the GPU
-resumes to the same parameters, --compile trains as eager does, and the NCCL process group itself.
+resumes to the same parameters, --compile trains as eager does, the NCCL process group itself, and --decode gpu:
+nvJPEG's batches against the CPU loader's (same samples, crops and flips) and a run that learns with it.
 
-On the device machine, with the wheels bench/gpu.py's docstring names carried in .whl:
+On the device machine, with the wheels bench/gpu.py's docstring names carried in .whl (bench/gpu_device.sh does
+this and bench/gpu.py in one call):
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \\
-        PYTHONPATH=/tmp/site python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+        PYTHONPATH=/tmp/site python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_gpu.py
+(--noconftest: tests/conftest.py records AWS calls through botocore, which the device image lacks.)
 """
 
 from __future__ import annotations
@@ -167,3 +170,56 @@ def test_compile_trains_as_eager_does_on_gpu(tmp_path):
     compiled = [r["loss"] for r in metrics(tmp_path / "compiled") if "epoch_time_s" not in r]
     assert compiled[0] == pytest.approx(eager[0], rel=1e-2)  # same weights, same batch: the same loss
     assert compiled[-1] < compiled[0]
+
+
+def test_nvjpeg_batches_are_the_cpu_loaders_samples_crops_and_flips(shards):
+    from training import gpudecode
+    from training.loader import load_manifest, make_loader, shards_of
+
+    device = torch.device("cuda", 0)
+    train_shards = shards_of(load_manifest(shards), "train")
+    kwargs = dict(seed=1, epoch=0, rank=0, workers=2)
+    cpu = list(make_loader(shards, train_shards, 48, 16, True, **kwargs))
+    batches = gpudecode.GpuBatches(make_loader(shards, train_shards, 48, 16, True, decode="gpu", **kwargs), 48, device)
+    gpu = list(batches)
+    assert len(gpu) == len(cpu) == 256 // 16
+    same, flipped = [], []
+    for (a, la), (b, lb) in zip(cpu, gpu, strict=True):
+        assert b.is_cuda and lb.is_cuda and b.dtype == torch.uint8 and b.shape == a.shape == (16, 3, 48, 48)
+        assert torch.equal(la, lb.cpu())
+        b = b.cpu().float()
+        same.append(float((a.float() - b).abs().mean()))
+        flipped.append(float((a.float() - b.flip(3)).abs().mean()))
+    # nvJPEG's IDCT and the CPU path's reduced, fast one differ by a few levels; a wrong crop or flip by tens.
+    assert max(same) < 12 and sum(same) * 2 < sum(flipped), (same, flipped)
+
+
+def test_nvjpeg_falls_back_to_the_cpu_for_what_it_refuses(tmp_path):
+    import io
+
+    from PIL import Image
+
+    from training import gpudecode
+    from training.loader import encoded_batch
+
+    device = torch.device("cuda", 0)
+    files = []
+    for mode, fmt in (("RGB", "JPEG"), ("CMYK", "JPEG"), ("L", "JPEG"), ("RGB", "PNG")):  # ImageNet holds all four
+        buf = io.BytesIO()
+        Image.new(mode, (80, 60), 128 if mode == "L" else (200, 30, 30, 0)[: len(mode)]).save(buf, format=fmt)
+        files.append(buf.getvalue())
+    batch = encoded_batch([f"s.tar:k{i}" for i in range(4)], files, [(0, 0, 80, 60, 0)] * 4)
+    images = gpudecode.decode_batch(batch, gpudecode.nvjpeg(device), device)
+    assert [tuple(i.shape) for i in images] == [(3, 60, 80)] * 4 and all(i.is_cuda for i in images)
+    out = gpudecode.crop_resize_flip(images, batch.geometry, 32)
+    assert out.shape == (4, 3, 32, 32) and out.is_cuda
+
+
+def test_loss_falls_with_decode_gpu(shards, tmp_path):
+    run = tmp_path / "run"
+    proc = train(run, "--data", str(shards), "--epochs", "4", *TINY, "--precision", "fp16", "--decode", "gpu")
+    s = summary(run)
+    assert "fp16, cuda" in proc.stdout
+    losses = epoch_losses(run)
+    assert len(losses) == 4 and losses[-1] < losses[0] * 0.8, losses
+    assert s["val_samples"] == 64 and s["top1"] > 0.25

@@ -10,7 +10,9 @@ so a rank yields count // batch full batches for training (at most batch - 1 sam
 number of workers) and exactly its samples, once, for validation. Training: a seeded shuffle buffer per
 worker, RandomResizedCrop + flip; validation: in shard order, resize + center crop (training.transforms).
 Batches are uint8 NCHW (channels_last memory) and pinned when asked, so the copy to the GPU is asynchronous
-and normalization happens there.
+and normalization happens there. With decode="gpu" (training) the workers decode nothing: a batch is the samples'
+encoded JPEGs and their crop boxes and flips (an EncodedBatch), drawn from the headers with the same seeded
+draws, and training.gpudecode decodes, crops and flips them on the rank's GPU.
 """
 
 from __future__ import annotations
@@ -19,14 +21,56 @@ import random
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from training import convert
-from training.transforms import collate, train_transform, val_transform
+from training.transforms import collate, train_geometry, train_transform, val_transform
 
 SHUFFLE_BUFFER = 2000  # samples (encoded) each worker holds to shuffle across shard boundaries
+DECODERS = ("cpu", "gpu")  # where training images are decoded: the loader's workers, or the rank's GPU
+
+
+class EncodedBatch(NamedTuple):
+    """A batch for the GPU decoder: encoded JPEGs and, per sample, its crop box and flip in full-image pixels.
+
+    The files travel end to end in one tensor: a worker hands each tensor over in a shared-memory block of its own
+    (torch.multiprocessing), so one per batch, not one per image."""
+
+    keys: list[str]              # "shard:key", to name a sample that does not decode
+    data: torch.Tensor           # uint8, 1-D: the samples' JPEG files, one after another
+    sizes: list[int]             # bytes of each file in `data`
+    geometry: torch.Tensor       # (N, 5) int64: left, top, width, height, flip (0/1)
+
+    def jpegs(self) -> list[torch.Tensor]:
+        """Each file as a 1-D uint8 view of `data` (what torchvision's decode_jpeg takes)."""
+        return list(torch.split(self.data, self.sizes))
+
+
+def encoded_batch(keys: list[str], files: list[bytes], geometry: list[tuple[int, ...]]) -> EncodedBatch:
+    joined = bytearray(b"".join(files))
+    data = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
+    return EncodedBatch(list(keys), data, [len(f) for f in files], torch.tensor(geometry, dtype=torch.long).view(-1, 5))
+
+
+def join(parts: list) -> torch.Tensor | EncodedBatch:
+    """Batches (NCHW views of NHWC memory, or EncodedBatch) as one, in order."""
+    if isinstance(parts[0], EncodedBatch):
+        return EncodedBatch([k for p in parts for k in p.keys], torch.cat([p.data for p in parts]),
+                            [n for p in parts for n in p.sizes], torch.cat([p.geometry for p in parts]))
+    return torch.cat([p.permute(0, 2, 3, 1) for p in parts]).permute(0, 3, 1, 2)
+
+
+def part(batch: torch.Tensor | EncodedBatch, start: int, stop: int | None = None) -> torch.Tensor | EncodedBatch:
+    """Samples start:stop of a batch."""
+    if isinstance(batch, EncodedBatch):
+        stop = len(batch.sizes) if stop is None else stop
+        first, last = sum(batch.sizes[:start]), sum(batch.sizes[:stop])
+        return EncodedBatch(batch.keys[start:stop], batch.data[first:last], batch.sizes[start:stop],
+                            batch.geometry[start:stop])
+    return batch[start:stop]
 
 
 class DataError(ValueError):
@@ -83,9 +127,10 @@ class ShardStream(IterableDataset):
     """
 
     def __init__(self, paths: list[Path], size: int, batch: int, train: bool, seed: int = 0, epoch: int = 0,
-                 rank: int = 0, shuffle_buffer: int = SHUFFLE_BUFFER):
+                 rank: int = 0, shuffle_buffer: int = SHUFFLE_BUFFER, encoded: bool = False):
         self.paths, self.size, self.batch, self.train = paths, size, batch, train
         self.seed, self.epoch, self.rank, self.shuffle_buffer = seed, epoch, rank, shuffle_buffer
+        self.encoded = encoded and train  # validation decodes on the CPU either way
 
     def my_paths(self) -> tuple[list[Path], random.Random]:
         """This worker's shards (reshuffled each epoch for training) and its random stream."""
@@ -110,29 +155,40 @@ class ShardStream(IterableDataset):
         rng.shuffle(buffer)
         yield from buffer
 
-    def transform(self, key: str, data: bytes, path: Path, rng: random.Random) -> torch.Tensor:
+    def transform(self, key: str, data: bytes, path: Path, rng: random.Random):
+        """The sample as the batch holds it: decoded (uint8 HWC), or encoded with its geometry (decode="gpu")."""
         try:
+            if self.encoded:
+                _, _, box, flip = train_geometry(data, rng)  # the header alone: the same draws as the CPU path
+                return f"{path.name}:{key}", data, (*box, int(flip))
             return train_transform(data, self.size, rng) if self.train else val_transform(data, self.size)
         except Exception as exc:  # any decoder error: name the sample, in one line
             raise DataError(f"{path.name}: {key}.jpg cannot be decoded: {' '.join(str(exc).split())}") from None
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, bool]]:
+    def collate(self, items: list) -> torch.Tensor | EncodedBatch:
+        if self.encoded:
+            keys, files, geometry = zip(*items, strict=True)
+            return encoded_batch(list(keys), list(files), list(geometry))
+        return collate(items)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor | EncodedBatch, torch.Tensor, bool]]:
         paths, rng = self.my_paths()
-        images: list[torch.Tensor] = []
+        items: list = []
         labels: list[int] = []
         for key, data, label, path in self.samples(paths, rng):
-            images.append(self.transform(key, data, path, rng))
+            items.append(self.transform(key, data, path, rng))
             labels.append(label)
-            if len(images) == self.batch:
-                yield collate(images), torch.tensor(labels, dtype=torch.long), True
-                images, labels = [], []
-        if images:
-            yield collate(images), torch.tensor(labels, dtype=torch.long), False
+            if len(items) == self.batch:
+                yield self.collate(items), torch.tensor(labels, dtype=torch.long), True
+                items, labels = [], []
+        if items:
+            yield self.collate(items), torch.tensor(labels, dtype=torch.long), False
 
 
 class Loader:
     """Iterates (images uint8 NCHW, labels int64) batches: the workers' full batches, then their remainders
-    merged into full batches; the last short one only when not `drop_last`."""
+    merged into full batches; the last short one only when not `drop_last`. With an encoded stream the images
+    are EncodedBatch, merged the same way."""
 
     def __init__(self, stream: ShardStream, workers: int, pin_memory: bool, drop_last: bool):
         self.stream, self.pin_memory, self.drop_last = stream, pin_memory, drop_last
@@ -141,32 +197,37 @@ class Loader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batch = self.stream.batch
-        rest_images: list[torch.Tensor] = []  # NHWC
+        rest_images: list = []
         rest_labels: list[torch.Tensor] = []
         held = 0
         for images, labels, full in self.loader:
             if full:
                 yield images, labels
                 continue
-            rest_images.append(images.permute(0, 2, 3, 1))
+            rest_images.append(images)
             rest_labels.append(labels)
             held += len(labels)
             while held >= batch:
-                merged, merged_labels = torch.cat(rest_images), torch.cat(rest_labels)
-                yield self.pinned(merged[:batch].permute(0, 3, 1, 2)), self.pinned(merged_labels[:batch])
-                rest_images, rest_labels = [merged[batch:]], [merged_labels[batch:]]
+                merged, merged_labels = join(rest_images), torch.cat(rest_labels)
+                yield self.pinned(part(merged, 0, batch)), self.pinned(merged_labels[:batch])
+                rest_images, rest_labels = [part(merged, batch)], [merged_labels[batch:]]
                 held -= batch
         if held and not self.drop_last:
-            yield self.pinned(torch.cat(rest_images).permute(0, 3, 1, 2)), self.pinned(torch.cat(rest_labels))
+            yield self.pinned(join(rest_images)), self.pinned(torch.cat(rest_labels))
 
-    def pinned(self, t: torch.Tensor) -> torch.Tensor:
-        return t.pin_memory() if self.pin_memory else t
+    def pinned(self, t):
+        return t.pin_memory() if self.pin_memory and isinstance(t, torch.Tensor) else t
 
 
 def make_loader(data: Path, shards: list[dict], size: int, batch: int, train: bool, *, seed: int, epoch: int,
-                rank: int, workers: int, pin_memory: bool = False, shuffle_buffer: int = SHUFFLE_BUFFER) -> Loader:
+                rank: int, workers: int, pin_memory: bool = False, shuffle_buffer: int = SHUFFLE_BUFFER,
+                decode: str = "cpu") -> Loader:
     """Batches of this rank's `shards` under `data`: training (augmented, shuffled, full batches only) or
-    validation (every sample once, in order)."""
+    validation (every sample once, in order). decode="gpu": training batches are EncodedBatch, for
+    training.gpudecode (the workers only read and draw the geometry)."""
+    if decode not in DECODERS:
+        raise ValueError(f"decode must be one of {', '.join(DECODERS)}, got {decode!r}")
     paths = [Path(data) / s["name"] for s in shards]
-    stream = ShardStream(paths, size, batch, train, seed=seed, epoch=epoch, rank=rank, shuffle_buffer=shuffle_buffer)
-    return Loader(stream, min(workers, len(paths)), pin_memory, drop_last=train)
+    stream = ShardStream(paths, size, batch, train, seed=seed, epoch=epoch, rank=rank, shuffle_buffer=shuffle_buffer,
+                         encoded=decode == "gpu")
+    return Loader(stream, min(workers, len(paths)), pin_memory and not stream.encoded, drop_last=train)

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training import durable
+from training import durable, gpudecode
 from training import engine as engines
-from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
+from training.loader import DECODERS, DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
 from training.model import ARCHITECTURES, build_model
 from training.schedule import default_warmup_epochs, epochs_problem, lr_at, peak_lr, warmup_problem
 from training.transforms import normalize
@@ -62,6 +62,7 @@ class Config:
     fp16_allreduce: bool = False    # fp16 gradient compression on the wire
     val_every: int = 0              # validate every k epochs; 0 = once, at the end
     workers: int = 2                # data loader processes per rank
+    decode: str = "cpu"             # where training JPEGs are decoded: cpu (loader processes) or gpu (nvJPEG)
     threads: int = 0                # torch CPU threads per rank; 0 = OMP_NUM_THREADS or all cores / ranks
     log_every: int = 10             # steps
     seed: int = 0
@@ -90,7 +91,7 @@ class TrainError(RuntimeError):
 
 CHOICES = {"model": sorted(ARCHITECTURES), "decay": ["poly", "cosine"],
            "precision": ["auto", "fp32", "bf16", "fp16"], "memory_format": ["auto", "channels_last", "contiguous"],
-           "engine": list(engines.ENGINES)}
+           "engine": list(engines.ENGINES), "decode": list(DECODERS)}
 
 
 def _field_help() -> dict[str, str]:
@@ -142,6 +143,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         p.error(problem)
     if not cfg.data and not cfg.synthetic:
         p.error("--data is required (a directory made by `launch data convert`), unless --synthetic")
+    if cfg.synthetic and cfg.decode != "cpu":
+        p.error(f"--decode {cfg.decode} decodes shards; --synthetic reads none (leave --decode out)")
     if cfg.loss_scale != "dynamic":
         try:
             scale = float(cfg.loss_scale)
@@ -197,15 +200,6 @@ def tensorboard_writer(enabled: bool, directory: Path):
     except ImportError:
         return None
     return SummaryWriter(log_dir=str(directory))
-
-
-def synthetic_batches(batch: int, size: int, classes: int, device: torch.device, seed: int, rank: int):
-    """One fixed random uint8 batch (NCHW, as the loader hands them) on the device, forever: no I/O at all."""
-    g = torch.Generator().manual_seed(seed * 100_003 + rank)
-    images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=g).to(device)
-    labels = torch.randint(0, classes, (batch,), generator=g).to(device)
-    while True:
-        yield images, labels
 
 
 READ_ERRORS = (DataError, OSError, EOFError, tarfile.TarError)  # a shard that cannot be read or decoded
@@ -351,11 +345,13 @@ def train(cfg: Config) -> dict:
     for epoch in range(start_epoch, cfg.epochs):
         model.train()
         if cfg.synthetic:
-            batches = synthetic_batches(cfg.batch_per_gpu, cfg.image_size, num_classes, device, cfg.seed, rank)
+            batches = gpudecode.synthetic_batches(cfg.batch_per_gpu, cfg.image_size, num_classes, device, cfg.seed,
+                                                  rank)
         else:
-            batches = iter(make_loader(data, rank_shards(train_shards, rank, world), cfg.image_size,
-                                       cfg.batch_per_gpu, train=True, seed=cfg.seed, epoch=epoch, rank=rank,
-                                       workers=cfg.workers, pin_memory=cuda))
+            batches = gpudecode.batches(make_loader(
+                data, rank_shards(train_shards, rank, world), cfg.image_size, cfg.batch_per_gpu, train=True,
+                seed=cfg.seed, epoch=epoch, rank=rank, workers=cfg.workers, pin_memory=cuda, decode=cfg.decode),
+                cfg.decode, cfg.image_size, device)
         epoch_start = window_start = time.perf_counter()
         loss_sum, skipped = torch.zeros((), device=device), 0
         for i in range(steps):
@@ -484,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         train(cfg)
-    except (TrainError, DataError) as e:
+    except (TrainError, DataError, gpudecode.GpuDecodeError) as e:
         # A verdict every rank reached (same manifest, same options) is said once, by rank 0; a rank's own, by it.
         everywhere = getattr(e, "everywhere", True)
         if _rank() == 0 or not everywhere:

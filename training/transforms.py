@@ -108,10 +108,19 @@ def decode_reduced(data: bytes, width: int, height: int, scale: int, fast: bool 
             return np.array(im.convert("RGB"))
 
 
+def train_geometry(data: bytes, rng: random.Random) -> tuple[int, int, tuple[int, int, int, int], bool]:
+    """(width, height, crop box, flip) of one encoded image's RandomResizedCrop + flip, from its header alone.
+
+    The CPU path (train_transform) and the GPU path (training.gpudecode, which decodes elsewhere) both draw through
+    here, in the same order, so one seed gives both the same crops and flips."""
+    width, height = jpeg_size(data)
+    box = random_resized_crop_box(width, height, rng)
+    return width, height, box, rng.random() < 0.5
+
+
 def train_transform(data: bytes, size: int, rng: random.Random) -> torch.Tensor:
     """RandomResizedCrop + flip of one encoded image: a size x size x 3 uint8 tensor."""
-    width, height = jpeg_size(data)
-    left, top, w, h = random_resized_crop_box(width, height, rng)
+    width, height, (left, top, w, h), flip = train_geometry(data, rng)
     pixels = decode_reduced(data, width, height, dct_scale(w, h, size), fast=True)
     # The crop box in the decoded image's coordinates (libjpeg rounds reduced sides up).
     fx, fy = pixels.shape[1] / width, pixels.shape[0] / height
@@ -120,7 +129,7 @@ def train_transform(data: bytes, size: int, rng: random.Random) -> torch.Tensor:
     crop = torch.from_numpy(pixels[y0:y1, x0:x1]).permute(2, 0, 1).unsqueeze(0)
     out = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
     out = out[0].permute(1, 2, 0)
-    if rng.random() < 0.5:
+    if flip:
         out = out.flip(1)
     return out.contiguous()
 
