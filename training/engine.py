@@ -163,8 +163,13 @@ class DDPEngine:
         return scaled_step(optimizer, scaler, static_scale)  # DDP reduced the gradients during backward
 
     def allreduce(self, tensor: torch.Tensor, op: str, name: str) -> torch.Tensor:
-        out = tensor.detach().clone()
+        # NCCL reduces CUDA tensors only ("No backend type associated with device type cpu" on the first logged loss,
+        # seen on an H200; https://docs.pytorch.org/docs/stable/distributed.html#backends: NCCL, all_reduce on GPU
+        # only): a CPU tensor (the logged loss, validation's counts) goes through this rank's GPU and comes back.
+        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else tensor.device
+        out = tensor.detach().to(device, copy=True)
         self.dist.all_reduce(out, op=self.dist.ReduceOp.SUM)
+        out = out.to(tensor.device)
         return out / self.size if op == "mean" else out
 
     def broadcast_object(self, obj: Any, name: str) -> Any:
