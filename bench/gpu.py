@@ -107,7 +107,7 @@ class Row:
 def gpu_setup(steps: int, log_every: int, workers: int) -> Setup:
     batch = 256
     return Setup("resnet50", 224, batch, steps, log_every, classes=1000, images=(steps + 4) * batch, unique=512,
-                 workers=workers, amp="fp16", threads=0)
+                 workers=workers, amp="fp16", threads=1)  # a GPU rank's torch threads, as launch plans it
 
 
 def tiny_setup(steps: int, log_every: int, workers: int) -> Setup:
