@@ -46,6 +46,7 @@ __all__ = [
     "PublishedThroughput",
     "UnknownInstanceType",
     "get",
+    "gpu_jpeg_decode",
     "gpu_types",
     "names",
     "nodes_allowed",
@@ -159,16 +160,17 @@ _NVIDIA_A100 = (
     "2,470 img/s (https://github.com/NVIDIA/DeepLearningExamples). The 40GB part has the same SMs and "
     "clocks; ResNet-50 at batch 256 fits either, so the same figure is used"
 )
-_H100_ESTIMATE = (
-    "ESTIMATE, not an NVIDIA-published PyTorch figure: DeepLearningExamples has no H100 table for "
-    "ResNet50 v1.5 PyTorch. 1.8 x the A100 AMP figure (2,470), a conservative reading of NVIDIA's "
-    "MLPerf Training v3.0 ResNet-50 result (8x H100 SXM5, MXNet, 13.5 min, ID 3.0-2053, "
-    "https://developer.nvidia.com/deep-learning-performance-training-inference/training) against "
-    "DGX A100 results of earlier rounds; override with --gpu-throughput once measured"
+_H200_MEASURED = (
+    "MEASURED by this project (docs/benchmarks.md, 'GPU'): `bash bench/gpu_device.sh` (bench/gpu.py) on one "
+    "NVIDIA H200 (driver 580.159.04), PyTorch 2.11.0+cu130, cuDNN 9.19: the project's trainer (DDP, one rank), "
+    "ResNet-50 at 224 px, batch 256, fp16 AMP, channels_last, eager, synthetic input: 5,399 and 5,438 img/s in two "
+    "runs on 2026-11-27 (5,400); with --compile 6,025. Real input reached 0.91 of it (8 loader processes, "
+    "--resize 256 shards)"
 )
-_H200_ESTIMATE = (
-    "ESTIMATE: H200 has H100's SMs and clocks with more and faster HBM3e; ResNet-50 training is "
-    "compute-bound at batch 256, so the H100 estimate is reused. " + _H100_ESTIMATE
+_H100_FROM_H200 = (
+    "H200's MEASUREMENT, not one made on an H100: the H100 SXM5 has the same 132 SMs and clocks, with 3.35 TB/s of "
+    "HBM3 against the H200's 4.8 (the batch-norm and elementwise passes of a step read memory, so an H100 may run "
+    "somewhat slower; unmeasured). " + _H200_MEASURED
 )
 _A10G_ESTIMATE = (
     "ESTIMATE, not an NVIDIA-published figure: no A10G ResNet-50 PyTorch training table was found. "
@@ -181,10 +183,25 @@ _RESNET50: dict[str, _Throughput] = {
     "V100-32GB": _Throughput(821.0, _SEED_000),
     "A100-40GB": _Throughput(2470.0, _NVIDIA_A100),
     "A100-80GB": _Throughput(2470.0, _NVIDIA_A100),
-    "H100": _Throughput(4400.0, _H100_ESTIMATE),
-    "H200": _Throughput(4400.0, _H200_ESTIMATE),
+    "H100": _Throughput(5400.0, _H100_FROM_H200),
+    "H200": _Throughput(5400.0, _H200_MEASURED),
     "A10G": _Throughput(800.0, _A10G_ESTIMATE),
 }
+
+# --- GPU-side JPEG decoding (the trainer's --decode gpu: nvJPEG through torchvision, crop and flip on the GPU) ----
+# Images/s one GPU decodes, crops and flips with no model running (500x375 q90 JPEGs as converted, and --resize 256
+# shards), 15 loader processes reading: measured on an H200 by bench/gpu.py's pipeline table, 2026-11-27 (5,361 /
+# 9,157 and 5,188 / 9,559 in two runs; the lower of each kept). Only GPUs with NVIDIA's hardware JPEG decoder that
+# were measured: the H100 and H200 (one GH100 die) carry seven NVJPG engines (NVIDIA H100 Tensor Core GPU Architecture
+# whitepaper: 7 NVJPG, 7 NVDEC); the A100's decoder is not measured here; the V100 and A10G have
+# none, and nvJPEG's CUDA decoder there would take the SMs the training needs.
+_JPEG_DECODE: dict[str, tuple[float, float]] = {"H100": (5188.0, 9157.0), "H200": (5188.0, 9157.0)}
+
+
+def gpu_jpeg_decode(gpu_model: str | None, resized: bool) -> float | None:
+    """Images/s one GPU of ``gpu_model`` decodes for training on its own (--decode gpu); None where not measured."""
+    rates = _JPEG_DECODE.get(gpu_model or "")
+    return None if rates is None else rates[1 if resized else 0]
 
 # --- Per-GPU throughput of the other workloads the planner knows (mixed precision) ---------------------------
 # Each figure is NVIDIA's single-GPU training throughput at the per-GPU batch its recipe uses, so the cost model's
@@ -215,7 +232,8 @@ _BERT_A100_40 = (
 )
 _BERT_H100 = (
     "ESTIMATE, not an NVIDIA-published PyTorch figure (DeepLearningExamples has no H100 BERT table): 1.8 x the A100 "
-    "figure (580), the same ratio as the catalog's H100 ResNet-50 estimate. " + _BERT_A100
+    "figure (580), the ratio the catalog's H100 ResNet-50 estimate used before an H200 was measured (2.2x). "
+    + _BERT_A100
 )
 _BERT_A10G = (
     "ESTIMATE: the A100 figure (580) scaled as the catalog's A10G ResNet-50 estimate is (800 / 2,470), at batch 32 "
@@ -233,7 +251,7 @@ _MASKRCNN_A100 = (
     f"21.12, 1 GPU, mixed precision, batch 12 per GPU: 24 images/s ({_DLE_MASKRCNN}"
     f"#training-performance-nvidia-dgx-a100-8x-a100-80gb); the 40 GB part is assumed the same"
 )
-_MASKRCNN_H100 = ("ESTIMATE: 1.8 x the A100 figure, as the catalog's H100 ResNet-50 estimate. " + _MASKRCNN_A100)
+_MASKRCNN_H100 = ("ESTIMATE: 1.8 x the A100 figure, as the BERT estimate. " + _MASKRCNN_A100)
 _MASKRCNN_A10G = ("ESTIMATE: the A100 figure scaled by 800 / 2,470 as the catalog's A10G ResNet-50 estimate, at "
                   "batch 6. " + _MASKRCNN_A100)
 

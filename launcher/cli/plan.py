@@ -142,8 +142,10 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         ("step", f"{e.step_time_s * 1e3:,.1f} ms"),
         ("throughput", f"{e.images_per_sec:,.0f} {e.rate_unit}, {e.scaling_efficiency:.1%} scaling"),
         ("limited by", e.limited_by),
-        ("input pipeline", f"{e.loader_workers_per_rank} loader processes per GPU: {e.loader_images_per_sec:,.0f} "
-                           f"img/s against {e.gpu_demand_images_per_sec:,.0f} the GPUs would take"
+        ("input pipeline", f"{e.loader_workers_per_rank} loader processes per GPU"
+                           + (", JPEGs decoded on the GPUs (--decode gpu)" if e.decode == "gpu" else "")
+                           + f": {e.loader_images_per_sec:,.0f} img/s against {e.gpu_demand_images_per_sec:,.0f} "
+                             f"the GPUs would take"
                            if workload.decodes_images else f"no JPEG decoding modelled for {e.workload}"),
         ("epoch (with checkpoint)", f"{e.epoch_time_s:,.1f} s"),
         ("training", f"{e.training_s / 60:,.1f} min ({plural(epochs, 'epoch')} + validation)"),

@@ -95,10 +95,11 @@ class Estimate(BaseModel):
     step_time_s: float = Field(description="one optimizer step: its micro-batches, exposed communication, sync")
     images_per_sec: float = Field(description="samples/s in rate_unit (images, or sequences for bert-large)")
     scaling_efficiency: float
-    bottleneck: str = Field(description="what bounds the step: GPU compute, communication or data loading (CPU)")
+    bottleneck: str = Field(description="GPU compute, communication, or data loading (CPU or GPU decode)")
     bound: str = Field(description="input-bound, network-bound or compute-bound, for people")
     advice: str = Field(description="one sentence: why the shape is bound where it is, and what would change it")
     loader_workers_per_rank: int = Field(description="loader processes per GPU rank (launcher.plans.loading)")
+    decode: str = Field("cpu", description="where training JPEGs are decoded: cpu (loader processes) or gpu (nvJPEG)")
     loader_images_per_sec: float = Field(description="what the whole cluster's loader processes decode")
     gpu_demand_images_per_sec: float = Field(description="what the GPUs and network would take with no input limit")
     resized_shards: bool
@@ -131,7 +132,7 @@ class Estimate(BaseModel):
     @property
     def limited_by(self) -> str:
         """What a step waits on, for a table: 'GPU compute', or how much of it waits on which link."""
-        if self.bottleneck == "data loading (CPU)" or self.exposed_comm_time_s <= 0:
+        if self.bottleneck.startswith("data loading") or self.exposed_comm_time_s <= 0:
             return self.bottleneck
         return f"{self.exposed_comm_time_s / self.step_time_s:.0%} of each step waits on {self.comm_limited_by}"
 
@@ -206,7 +207,7 @@ def _verdict(instance: InstanceType, nodes: int, strategy: str, bottleneck: str,
              limited_by: str, plan: loading.LoaderPlan, loader_ceiling: float, demand: float, resized: bool,
              c: ModelConstants, *, grad_fp16: bool) -> tuple[str, str]:
     """('input-bound' | 'network-bound' | 'compute-bound', what makes it so and what would change it)."""
-    if bottleneck == "data loading (CPU)":
+    if bottleneck.startswith("data loading"):
         fixes = [f"more loader processes than the {plan.workers_per_rank} per GPU {instance.vcpus} vCPUs allow (a "
                  f"type with more vCPUs per GPU)"]
         if not resized:
@@ -364,12 +365,12 @@ def estimate(
     per_core = c.loader_img_per_sec_per_core_resized if resized_shards else c.loader_img_per_sec_per_core
     images_per_sec = demand = samples_per_step / step_s
     # A workload whose loader reads prepared tensors (BERT's pre-tokenized shards) has no JPEG-decoding ceiling.
-    loader_ceiling = nodes * loading.decode_capacity(instance.vcpus, plan.processes_per_node(gpus), per_core,
-                                                     c.smt_gain) if workload.decodes_images else demand
+    decode, node_input = loading.node_input(instance, plan, per_core, c.smt_gain, demand / nodes, resized_shards)
+    loader_ceiling = nodes * node_input if workload.decodes_images else demand
     bottleneck = "communication" if exposed_s > compute_s else "GPU compute"
     if images_per_sec > loader_ceiling:
-        images_per_sec, step_s, bottleneck = (loader_ceiling, samples_per_step / loader_ceiling,
-                                              "data loading (CPU)")
+        images_per_sec, step_s = loader_ceiling, samples_per_step / loader_ceiling
+        bottleneck = "data loading (CPU)" if decode == "cpu" else "data loading (GPU decode)"
     # Against one node's GPUs (the seeds' and MLPerf's sense): nodes x gpus x per-GPU x the node's own efficiency.
     efficiency = images_per_sec / (total_gpus * per_gpu * node_eff)
     bound, advice = _verdict(instance, nodes, strategy, bottleneck, exposed_s, step_s, limited_by, plan,
@@ -411,7 +412,9 @@ def estimate(
         f"negotiation (Horovod's cycle time); none on one node",
         (f"data loading: {plan.workers_per_rank} loader processes per GPU rank ({plan.processes_per_node(gpus)} per "
          f"node on {instance.vcpus} vCPUs) at {per_core:g} img/s per core measured by bench/loader.py on "
-         f"{'resized' if resized_shards else 'full-size'} shards = {loader_ceiling / nodes:,.0f} img/s per node; "
+         f"{'resized' if resized_shards else 'full-size'} shards" + (f", too few: decoded on the GPUs (--decode gpu, "
+         f"{loading.GPU_DECODE_SHARE:.0%} of their demand, measured)" if decode == "gpu" else "")
+         + f" = {loader_ceiling / nodes:,.0f} img/s per node; "
          if workload.decodes_images else f"data loading: no JPEG-decoding ceiling for {workload.name}'s loader; ")
         + advice,
         f"fixed costs: provisioning {c.provisioning_s:g} s; staging {workload.staged_bytes / 1e9:,.1f} GB from S3 at "
@@ -455,6 +458,7 @@ def estimate(
         bound=bound,
         advice=advice,
         loader_workers_per_rank=plan.workers_per_rank,
+        decode=decode,
         loader_images_per_sec=loader_ceiling,
         gpu_demand_images_per_sec=demand,
         resized_shards=resized_shards,

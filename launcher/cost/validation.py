@@ -213,9 +213,10 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def loader_rows(old_workers: int = 2) -> list[tuple[str, int, int, float, float, float, float]]:
-    """Per GPU type of the catalog, one node: (type, vCPUs, loader processes per GPU, decode capacity on full-size and
-    on --resize 256 shards, the GPUs' modelled demand, the capacity the old 2 workers per GPU had on full-size)."""
+def loader_rows(old_workers: int = 2) -> list[tuple[str, int, int, float, float, float, float, str, str]]:
+    """Per GPU type of the catalog, one node: (type, vCPUs, loader processes per GPU, input capacity on full-size and
+    on --resize 256 shards, the GPUs' modelled demand, the capacity the old 2 workers per GPU had on full-size, and
+    where each decodes: cpu or gpu, launcher.plans.loading.decode_path)."""
     from infra.catalog import gpu_types
     from launcher.plans import loading
 
@@ -226,22 +227,28 @@ def loader_rows(old_workers: int = 2) -> list[tuple[str, int, int, float, float,
         resized = estimate(t, 1, IMAGENET, resized_shards=True)
         old = loading.decode_capacity(t.vcpus, old_workers * t.gpus, c.loader_img_per_sec_per_core, c.smt_gain)
         rows.append((t.name, t.vcpus, full.loader_workers_per_rank, full.loader_images_per_sec,
-                     resized.loader_images_per_sec, full.gpu_demand_images_per_sec, old))
+                     resized.loader_images_per_sec, full.gpu_demand_images_per_sec, old, full.decode, resized.decode))
     return rows
 
 
 def render_loader() -> str:
     """The loader-capacity table of docs/benchmarks.md."""
+    from launcher.plans import loading
+
     c = DEFAULT_CONSTANTS
     lines = ["| type | vCPUs | loader processes per GPU | capacity, full-size (img/s) | capacity, --resize 256 | "
-             "GPU demand (img/s) | full-size / demand | resized / demand | before: 2 per GPU / demand |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, vcpus, workers, full, resized, demand, old in loader_rows():
+             "GPU demand (img/s) | full-size / demand | resized / demand | decode (full-size, resized) | "
+             "before: 2 per GPU / demand |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, vcpus, workers, full, resized, demand, old, full_decode, resized_decode in loader_rows():
         lines.append(f"| {name} | {vcpus} | {workers} | {full:,.0f} | {resized:,.0f} | {demand:,.0f} | "
-                     f"{full / demand:.2f}x | {resized / demand:.2f}x | {old / demand:.2f}x |")
+                     f"{full / demand:.2f}x | {resized / demand:.2f}x | {full_decode}, {resized_decode} | "
+                     f"{old / demand:.2f}x |")
     lines.append(f"\nPer-core rates: {c.loader_img_per_sec_per_core:g} img/s full-size, "
-                 f"{c.loader_img_per_sec_per_core_resized:g} resized (bench/loader.py); a second process on a core's "
-                 f"other hyperthread adds {c.smt_gain:.0%} of a core.")
+                 f"{c.loader_img_per_sec_per_core_resized:g} resized (bench/loader.py); one loader process per "
+                 f"physical core of a GPU's share (the old 2 per GPU: a second on a core's other hyperthread adds "
+                 f"{c.smt_gain:.0%} of a core). GPU decode (nvJPEG) where the CPUs give less than "
+                 f"{loading.GPU_DECODE_SHARE:.0%} of the demand and the GPU's decoder was measured (H100, H200).")
     return "\n".join(lines) + "\n"
 
 

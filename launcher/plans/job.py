@@ -32,6 +32,7 @@ class TrainSpec(BaseModel):
     batch_per_gpu: int = 256
     warmup_epochs: float | None = None
     workers: int | None = None      # loader processes per rank; None: sized from the nodes (launcher.plans.loading)
+    decode: str | None = None       # the trainer's --decode (cpu, gpu); None: the cost model's choice for the nodes
     threads: int | None = None      # torch threads per rank; None: sized from the nodes (GPU ranks) or the trainer's
     precision: str | None = None    # the trainer's --precision (fp16, bf16, fp32); None: its auto
     fp16_allreduce: bool = False    # fp16 gradient compression on the wire (the trainer's --fp16-allreduce)
@@ -85,16 +86,37 @@ def engine_env(spec: TrainSpec, nodes: list[Node]) -> dict[str, str]:
 
 
 def sized(spec: TrainSpec, nodes: list[Node]) -> TrainSpec:
-    """``spec`` with the loader processes and torch threads it left out sized from the nodes' CPUs per rank, as
-    launcher.plans.loading decides for the cost model too (GPU ranks: all but one vCPU of their share decode)."""
-    if spec.workers is not None and spec.threads is not None:
+    """``spec`` with the loader processes, torch threads and decode path it left out sized from the nodes, as
+    launcher.plans.loading decides for the cost model too (GPU ranks: one loader process per physical core of their
+    share; decoding on the GPU where those fall short, decode_for)."""
+    if spec.workers is not None and spec.threads is not None and spec.decode is not None:
         return spec
     ranked = [n for n in nodes if n.slots > 0]
     if not ranked:
         return spec
     plan = loading.for_share(min(n.cpus // n.slots for n in ranked), gpus=all(n.gpus > 0 for n in ranked))
     return spec.model_copy(update={"workers": plan.workers_per_rank if spec.workers is None else spec.workers,
-                                   "threads": plan.threads_per_rank if spec.threads is None else spec.threads})
+                                   "threads": plan.threads_per_rank if spec.threads is None else spec.threads,
+                                   "decode": decode_for(spec, ranked) if spec.decode is None else spec.decode})
+
+
+def decode_for(spec: TrainSpec, nodes: list[Node]) -> str:
+    """The trainer's --decode on these nodes: the cost model's choice (launcher.plans.loading.decode_path) where it
+    models the run (ResNet-50 at 224 px on one catalog GPU type), for full-size shards (the launcher does not read
+    the manifest; on --resize 256 shards the CPUs decode 1.7x as many, so a GPU path chosen here is at most the
+    0.84 against 0.91 measured on an H200); "cpu" elsewhere."""
+    types = {n.instance_type for n in nodes}
+    if spec.model != "resnet50" or spec.image_size != 224 or len(types) != 1 or None in types:
+        return "cpu"
+    from infra.catalog import UnknownInstanceType, get
+    from launcher.cost.inputs import imagenet
+    from launcher.cost.model import estimate
+
+    try:
+        instance = get(types.pop())
+    except UnknownInstanceType:
+        return "cpu"
+    return estimate(instance, len(nodes), imagenet(1)).decode if instance.gpus else "cpu"
 
 
 def trainer_argv(python: str, spec: TrainSpec) -> list[str]:
@@ -104,6 +126,8 @@ def trainer_argv(python: str, spec: TrainSpec) -> list[str]:
             "--batch-per-gpu", str(spec.batch_per_gpu), "--workers", str(workers)]
     if spec.threads is not None:
         argv += ["--threads", str(spec.threads)]
+    if spec.decode == "gpu":  # "cpu" is the trainer's default
+        argv += ["--decode", "gpu"]
     if spec.precision is not None:
         argv += ["--precision", spec.precision]
     if spec.fp16_allreduce:
