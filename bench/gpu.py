@@ -10,7 +10,8 @@ which holds cuDNN's autotuning, torch.compile's compilation and the loader's sta
               fp16 + channels_last with --compile (last: it compiles for a minute or more)
   real        ImageNet-sized JPEGs (500x375 quality 90, about 99 KiB: bench/loader.py's `photo`) generated on
               this machine in the ILSVRC2012 folder layout, converted by training/convert.py as they are and
-              with --resize 256, and read by training/loader.py with --workers (default: cores - 1), decoded by
+              with --resize 256, and read by training/loader.py with --workers (default: one per physical core, as
+              launch plans a GPU rank: launcher/plans/loading.py; the 2026-11-27 runs used cores - 1), decoded by
               those workers (--decode cpu) or on the GPU (--decode gpu: nvJPEG, training/gpudecode.py); fp16,
               channels_last, as the synthetic row it is compared with
 
@@ -68,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 from gpudecode import pipeline_rows, pipeline_table  # noqa: E402  (bench/gpudecode.py: the pipeline alone)
 from loader import QUALITY, photo  # noqa: E402  (bench/loader.py: the 500x375 stand-in for an ImageNet photo)
 
+from launcher.plans import loading  # noqa: E402
 from training.convert import convert  # noqa: E402
 
 RESIZE = 256  # px, the shorter side of the pre-resized shards (the loader's recommended conversion)
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=0, help="optimizer steps per run (default: 40 on GPU, 4 tiny)")
     p.add_argument("--log-every", type=int, default=0, help="steps per logged window (default: 10 on GPU, 2 tiny)")
     p.add_argument("--workers", type=int, default=0, help="loader processes for the real-data runs "
-                                                          "(default: cores - 1 on GPU, 1 tiny)")
+                                                          "(default: one per physical core on GPU, as launch "
+                                                          "plans a GPU rank; 1 tiny)")
     p.add_argument("--budget", type=float, default=0.0, help="seconds: rows that would start later are skipped "
                                                              "(0: no limit)")
     p.add_argument("--tiny", action="store_true", help="the tiny CPU configuration, even with a GPU")
@@ -252,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if tiny and torch.cuda.is_available():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the trainer's CPU path, as on a machine without a GPU
     cuda = not tiny
-    workers = args.workers or (1 if tiny else max(1, cores - 1))
+    workers = args.workers or (1 if tiny else loading.for_share(cores, gpus=True).workers_per_rank)
     setup = (tiny_setup if tiny else gpu_setup)(steps, log_every, workers)
     command = " ".join(["python3", "bench/gpu.py", *(argv if argv is not None else sys.argv[1:])])
     print(f"bench/gpu.py: {setup.model} at {setup.image_size} px, batch {setup.batch}, {setup.steps} steps per run "
