@@ -16,9 +16,10 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-# The tiny configuration's rows: fp32 where a GPU runs fp16.
-RUN_NAMES = ["fp32", "fp32, contiguous", "bf16", "bf16, contiguous", "fp32, --compile", "real, full-size",
-             "real, --resize 256"]
+# The tiny configuration's rows: fp32 where a GPU runs fp16; the GPU-decode rows are skipped without CUDA.
+RUN_NAMES = ["fp32", "bf16", "real, --resize 256", "real, full-size", "real, --resize 256, GPU decode",
+             "real, full-size, GPU decode", "fp32, contiguous", "fp32, --compile"]
+SKIPPED = {"real, --resize 256, GPU decode", "real, full-size, GPU decode"}
 # bench/gpu.py's tiny configuration, so the compiled graph is the one its --compile row made (inductor's cache).
 TINY = ["--model", "resnet18", "--image-size", "16", "--batch-per-gpu", "4", "--log-every", "2", "--threads", "1",
         "--no-tensorboard", "--synthetic", "--num-classes", "1000", "--precision", "fp32",
@@ -64,15 +65,24 @@ def test_bench_gpu_tiny_configuration_end_to_end(tmp_path):
 
     # The table: one row per run, each with its figure, and the figure the ratio is made of.
     header = next(i for i, ln in enumerate(lines) if ln.startswith("run ") and "img/s" in ln)
-    table = {ln[:22].strip(): ln for ln in lines[header + 1: header + 1 + len(RUN_NAMES)]}
+    table = {ln[:32].strip(): ln for ln in lines[header + 1: header + 1 + len(RUN_NAMES)]}
     assert list(table) == RUN_NAMES
-    assert "yes" in table["fp32, --compile"] and "contiguous" in table["bf16, contiguous"]
+    assert "yes" in table["fp32, --compile"] and "contiguous" in table["fp32, contiguous"]
+    assert all(table[name].endswith("skipped: no CUDA") for name in SKIPPED)
+    # The input pipeline alone, before the trainer's table: the CPU loader measured, the GPU's skipped.
+    pipeline = lines[lines.index(next(ln for ln in lines if ln.startswith("input pipeline alone"))) + 1:header]
+    assert [ln.split()[:2] for ln in pipeline] == [["cpu", "decode"]] * 2 + [["gpu", "decode"]] * 2
+    assert all("no CUDA" in ln for ln in pipeline[2:]) and all(float(ln.split()[4].replace(",", "")) > 0
+                                                              for ln in pipeline[:2])
 
     record = json.loads((out / "gpu.json").read_text())
     assert record["configuration"] == "tiny" and record["device"] == "cpu"
     assert record["command"] == "python3 bench/gpu.py --tiny" and re.fullmatch(r"\d{4}-\d\d-\d\d", record["date"])
     rows = {r["name"]: r for r in record["rows"]}
-    assert list(rows) == RUN_NAMES and all(r["images_per_sec"] > 0 for r in rows.values())
+    assert list(rows) == RUN_NAMES and all(r["images_per_sec"] > 0 for n, r in rows.items() if n not in SKIPPED)
+    assert all(rows[n]["images_per_sec"] is None and rows[n]["skipped"] == "no CUDA" for n in SKIPPED)
+    assert rows["real, --resize 256, GPU decode"]["decode"] == "gpu" and rows["real, --resize 256"]["decode"] == "cpu"
+    assert record["ratio_gpu_decode"] is None and [p["decode"] for p in record["pipeline"]] == ["cpu"] * 2 + ["gpu"] * 2
     assert rows["fp32, --compile"]["compile"] and rows["bf16"]["precision"] == "bf16"
     assert rows["real, --resize 256"]["data"] == "resized"
     resized, synthetic = rows["real, --resize 256"]["images_per_sec"], rows["fp32"]["images_per_sec"]
