@@ -409,14 +409,17 @@ echo "$NVIDIA_DRIVER_VERSION" >"$STATE/nvidia-module"
 """
 
 
-def sandboxed_etc(tmp_path: Path) -> list[str]:
-    """A private mount namespace where /etc/ld.so.conf.d is a scratch directory (the one system path the driver and
-    plugin components write); skips the test where the machine allows none."""
-    ldconf = tmp_path / "ld.so.conf.d"
-    ldconf.mkdir(exist_ok=True)
+def sandboxed_etc(tmp_path: Path, *system_dirs: str) -> list[str]:
+    """A private mount namespace where each of ``system_dirs`` (default /etc/ld.so.conf.d, the one system path the
+    driver and plugin components write) is a scratch directory, tmp_path/<its name>, so a script under test never
+    writes this machine's; skips the test where the machine allows none."""
+    binds = []
+    for target in system_dirs or ("/etc/ld.so.conf.d",):
+        scratch = tmp_path / Path(target).name
+        scratch.mkdir(exist_ok=True)
+        binds.append(f"{shutil.which('mount')} --bind {scratch} {target}")
     unshare = [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--mount", "--",
-               shutil.which("bash") or "/bin/bash", "-c",
-               f'{shutil.which("mount")} --bind {ldconf} /etc/ld.so.conf.d && exec "$@"', "sandbox"]
+               shutil.which("bash") or "/bin/bash", "-c", f'{" && ".join(binds)} && exec "$@"', "sandbox"]
     probe = subprocess.run([*unshare, "true"], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
         pytest.skip(f"no private mount namespace here: {probe.stderr.strip()}")
@@ -445,18 +448,24 @@ def test_the_nvidia_driver_is_built_with_the_kernels_compiler(tmp_path) -> None:
         "/driver.run --silent --dkms --no-questions --kernel-module-type=open")
 
 
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) is not installed")
 @pytest.mark.parametrize("script", ["efa.sh", "beegfs.sh"])
 def test_module_builds_name_the_missing_kernel_compiler_before_building(tmp_path, script) -> None:
-    """The EFA and BeeGFS modules build through the kernel's own build files, which call the kernel's compiler."""
+    """The EFA and BeeGFS modules build through the kernel's own build files, which call the kernel's compiler: a
+    build that lacks it says so before it adds a package repository or downloads anything. Run sandboxed: an
+    earlier order wrote /etc/apt/sources.list.d/beegfs.list on the machine running the tests."""
     kernel_cc = tmp_path / "kernel-cc"
     kernel_cc.write_text("gcc-12\n")
     key = script.removesuffix(".sh")
     host = Host(tmp_path, {"curl": "exit 0", "gpg": "exit 0", "apt-get": "exit 0", "systemctl": "exit 0",
                            "dpkg-query": "exit 1", "tar": "exit 0"})
     env = {**component_env(key), "SCALETRAIN_KERNEL_CC_FILE": str(kernel_cc)}
-    result = host.run(script, "build", env)
+    sandbox = sandboxed_etc(tmp_path, "/etc/ld.so.conf.d", "/etc/apt/sources.list.d")
+    result = host.run(script, "build", env, wrap=sandbox)
     assert result.returncode == 1
     assert "(gcc-12) is not installed; the base component installs it" in result.stderr
+    assert list((tmp_path / "sources.list.d").iterdir()) == []  # no repository added before the check
+    assert not [c for c in host.called() if c.split()[0] in ("curl", "apt-get", "tar")]  # nothing fetched either
 
 
 # --- aws-ofi-nccl.sh: exactly one plugin on the image, the pinned one (issue 25, item 8) ----------------------------

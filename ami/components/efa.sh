@@ -39,10 +39,10 @@ verify() {
 
 install_() {
     local work
+    require_kernel_cc  # before the download: a build that cannot finish leaves nothing behind
     work=$(mktemp -d)
     curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
         | tar -xz -C "$work"
-    require_kernel_cc
     (cd "$work/aws-efa-installer" && ./efa_installer.sh -y)
     printf '%s\n' "$SCALETRAIN_EFA_PREFIX/lib" "$SCALETRAIN_MPI_PREFIX/lib" >/etc/ld.so.conf.d/100-efa.conf
     ldconfig
