@@ -29,12 +29,9 @@ from constructs import Construct, IConstruct
 from infra import boot, catalog
 from infra.compute import TAG_ROLE, NodeIdentity, instance_data
 from infra.guard import ttl_parameter_arn
+from infra.spec import HEAD_INSTANCE_TYPE
 from launcher.plans import slurm
 
-# The controller of a few hundred dynamic nodes needs little: two vCPUs and 8 GiB. A general-purpose type, not a
-# burstable one: a T instance out of CPU credits would answer late, and slurmctld marks a node DOWN that it has not
-# heard from within SlurmdTimeout (launcher/plans/slurm.py).
-HEAD_INSTANCE_TYPE = "m5.large"
 # munged refuses a key file shorter than 32 bytes (munge's src/munged/conf.c: "Keyfile must be at least %d bytes",
 # MUNGE_MINIMUM_SECRET_KEY_LEN 32, https://github.com/dun/munge); 1024 bytes is the length its documented way of making
 # one writes (dd if=/dev/urandom bs=1 count=1024). Letters and digits only: no punctuation for the shell to mangle.

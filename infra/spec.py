@@ -21,6 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from ami import paths
 from infra import catalog, layout
 
+# The Slurm head node every stack launches (infra/head.py), on-demand: the controller of a few hundred dynamic nodes
+# needs little, two vCPUs and 8 GiB. A general-purpose type, not a burstable one: a T instance out of CPU credits
+# would answer late, and slurmctld marks a node DOWN that it has not heard from within SlurmdTimeout
+# (launcher/plans/slurm.py). Here, beside the spec, so preflight counts it without the CDK's modules.
+HEAD_INSTANCE_TYPE = "m5.large"
+
 __all__ = [
     "CAPACITY_BLOCK_TYPES",
     "CHECKPOINT_PREFIX_DEFAULT",

@@ -30,7 +30,8 @@ def facts(**kw) -> Facts:
     base = dict(region="us-east-1", zones=ZONES,
                 offered={"p4d.24xlarge": EVERYWHERE, "p5en.48xlarge": frozenset({"us-east-1a", "us-east-1c"}),
                          "p4de.24xlarge": frozenset({"us-east-1b", "us-east-1c"}),
-                         "c5n.18xlarge": frozenset({"us-east-1a", "us-east-1b", "us-east-1d"})},
+                         "c5n.18xlarge": frozenset({"us-east-1a", "us-east-1b", "us-east-1d"}),
+                         "m5.large": EVERYWHERE},
                 quotas={P_OD: Quota(P_OD, "Running On-Demand P instances", 1536, 0),
                         P_SPOT: Quota(P_SPOT, "All P Spot Instance Requests", 1536, 0),
                         STD_OD: Quota(STD_OD, "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", 1000,
@@ -54,15 +55,16 @@ def test_a_ready_account_passes_every_check():
 def test_a_type_not_offered_in_the_chosen_az_fails_and_names_an_az_that_has_it():
     verdicts = preflight.check_offerings(spec(instance_type="p5en.48xlarge", az="us-east-1b"), facts())
     [line] = lines(verdicts, "offering", "FAIL")
-    assert "p5en.48xlarge (workers) is not offered in us-east-1b" in line and line.endswith("pass -c az=us-east-1a")
+    assert "p5en.48xlarge (workers) is not offered in us-east-1b" in line
+    assert line.endswith("pass -c az=us-east-1a (AZs that offer p5en.48xlarge and m5.large: us-east-1a, us-east-1c)")
 
 
 def test_without_az_a_type_missing_from_some_az_fails_since_the_stack_takes_the_first_az_getazs_lists():
     s = spec(instance_type="p5en.48xlarge")
     [line] = lines(preflight.check_offerings(s, facts()), "offering", "FAIL")
     assert "offered only in us-east-1a, us-east-1c of us-east-1" in line and "pass -c az=us-east-1a" in line
-    ok = preflight.check_offerings(s, facts(offered={"p5en.48xlarge": EVERYWHERE}))
-    assert [v.status for v in ok] == ["ok"] and "every AZ of us-east-1" in ok[0].line
+    ok = preflight.check_offerings(s, facts(offered={"p5en.48xlarge": EVERYWHERE, "m5.large": EVERYWHERE}))
+    assert [v.status for v in ok] == ["ok", "ok"] and "every AZ of us-east-1" in ok[0].line
 
 
 def test_workers_and_reducers_must_share_an_az_and_the_suggestion_offers_both():
@@ -70,15 +72,17 @@ def test_workers_and_reducers_must_share_an_az_and_the_suggestion_offers_both():
     verdicts = preflight.check_offerings(s, facts())
     [line] = lines(verdicts, "offering", "FAIL")
     assert line.startswith("p4de.24xlarge (workers) is not offered in us-east-1a")
-    assert "pass -c az=us-east-1b (AZs that offer p4de.24xlarge and c5n.18xlarge: us-east-1b)" in line
-    assert lines(verdicts, "offering", "ok") == ["c5n.18xlarge (reducers) is offered in us-east-1a"]
+    assert "pass -c az=us-east-1b (AZs that offer p4de.24xlarge and c5n.18xlarge and m5.large: us-east-1b)" in line
+    assert lines(verdicts, "offering", "ok") == ["c5n.18xlarge (reducers) is offered in us-east-1a",
+                                                 "m5.large (head) is offered in us-east-1a"]
 
 
 def test_no_az_offering_every_type_says_to_change_types_or_region():
     s = spec(instance_type="p5en.48xlarge", reducers=1, az="us-east-1a")
-    f = facts(offered={"p5en.48xlarge": frozenset({"us-east-1a"}), "c5n.18xlarge": frozenset({"us-east-1b"})})
+    f = facts(offered={"p5en.48xlarge": frozenset({"us-east-1a"}), "c5n.18xlarge": frozenset({"us-east-1b"}),
+                       "m5.large": EVERYWHERE})
     [line] = lines(preflight.check_offerings(s, f), "offering", "FAIL")
-    assert "no AZ of us-east-1 offers p5en.48xlarge and c5n.18xlarge" in line and "-c region" in line
+    assert "no AZ of us-east-1 offers p5en.48xlarge and c5n.18xlarge and m5.large" in line and "-c region" in line
 
 
 def test_a_type_the_region_does_not_offer_at_all_fails():
@@ -110,7 +114,7 @@ def test_a_quota_below_nodes_times_vcpus_fails_with_the_value_to_request():
 
 def test_a_quota_that_covers_the_nodes_passes_and_says_whether_usage_was_subtracted():
     f = facts(quotas={P_OD: Quota(P_OD, "Running On-Demand P instances", 768, None)})
-    [v] = preflight.check_quotas(spec(), f)
+    v, _head = preflight.check_quotas(spec(), f)  # the head node's standard quota is the second line
     assert v.status == "ok" and "768 vCPUs needed" in v.line and "not subtracted" in v.line
     f = facts(quotas={P_OD: Quota(P_OD, "Running On-Demand P instances", 768, 1)})
     assert preflight.check_quotas(spec(), f)[0].status == "FAIL"  # one vCPU already in use
@@ -118,23 +122,49 @@ def test_a_quota_that_covers_the_nodes_passes_and_says_whether_usage_was_subtrac
 
 def test_spot_nodes_draw_on_the_spot_quota_and_reducers_on_the_standard_one():
     s = spec(spot=True, reducers=4, reducer_type="c5n.18xlarge")
-    assert preflight.quota_codes(s) == [P_SPOT, "L-34B43A08"]
+    assert preflight.quota_codes(s) == [P_SPOT, "L-34B43A08", STD_OD]  # the head node is on-demand, spot or not
     s = spec(reducers=4, reducer_type="c5n.18xlarge")
     f = facts(quotas={**facts().quotas, STD_OD: Quota(STD_OD, "Standard", 256, 0)})
     [line] = lines(preflight.check_quotas(s, f), "quota", "FAIL")
-    assert "(L-1216C47A)" in line and "needs 288 (reducers: 4 x c5n.18xlarge x 72)" in line
+    assert "(L-1216C47A)" in line and "needs 290 (reducers: 4 x c5n.18xlarge x 72 + head: 1 x m5.large x 2)" in line
+
+
+def test_the_head_node_draws_on_the_on_demand_standard_quota_at_its_boundary():
+    """Every stack launches its Slurm head node (infra/head.py: one on-demand m5.large, 2 vCPUs, spot workers or not),
+    which draws on Running On-Demand Standard instances
+    (https://docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html: M is a standard family)."""
+    assert preflight.quota_codes(spec()) == [P_OD, STD_OD]
+    assert preflight.quota_codes(spec(spot=True)) == [P_SPOT, STD_OD]
+    one_free = facts(quotas={**facts().quotas, STD_OD: Quota(STD_OD, "Standard", 3, 2)})
+    [line] = lines(preflight.check_quotas(spec(), one_free), "quota", "FAIL")
+    assert "the stack needs 2 (head: 1 x m5.large x 2)" in line and "--desired-value 4" in line
+    two_free = facts(quotas={**facts().quotas, STD_OD: Quota(STD_OD, "Standard", 4, 2)})
+    assert lines(preflight.check_quotas(spec(), two_free), "quota", "FAIL") == []
+    # c5n reducers draw on the same quota: the two add up.
+    s = spec(reducers=4, reducer_type="c5n.18xlarge", az="us-east-1a")
+    f = facts(quotas={**facts().quotas, STD_OD: Quota(STD_OD, "Standard", 289, 0)})
+    [line] = lines(preflight.check_quotas(s, f), "quota", "FAIL")
+    assert "needs 290 (reducers: 4 x c5n.18xlarge x 72 + head: 1 x m5.large x 2)" in line
+
+
+def test_the_head_nodes_type_must_be_offered_in_the_stacks_az():
+    f = facts(offered={**facts().offered, "m5.large": frozenset({"us-east-1b"})})
+    [line] = lines(preflight.check_offerings(spec(az="us-east-1a"), f), "offering", "FAIL")
+    assert "m5.large (head) is not offered in us-east-1a" in line
 
 
 def test_workers_in_a_reservation_are_not_counted_against_the_quota():
     s = spec(capacity_reservation_id="cr-0123456789abcdef0", az="us-east-1a")
-    assert preflight.quota_codes(s) == []
-    f = facts(quotas={P_OD: Quota(P_OD, "Running On-Demand P instances", 0, 0)})
-    assert [v.status for v in preflight.check_quotas(s, f)] == ["ok"]
+    assert preflight.quota_codes(s) == [STD_OD]  # the head node's only
+    f = facts(quotas={**facts().quotas, P_OD: Quota(P_OD, "Running On-Demand P instances", 0, 0)})
+    assert [v.status for v in preflight.check_quotas(s, f)] == ["ok", "ok"]
 
 
 def test_a_quota_that_could_not_be_read_is_skipped_with_the_need():
-    verdicts = preflight.check_quotas(spec(), facts(quotas={P_OD: Unread("AccessDeniedException: no")}))
-    [v] = verdicts
+    denied = facts(quotas={**facts().quotas, P_OD: Unread("AccessDeniedException: no")})
+    verdicts = preflight.check_quotas(spec(), denied)
+    v, head = verdicts
+    assert head.status == "ok"
     assert v.status == "skip" and "768 vCPUs" in v.line and "AccessDeniedException" in v.line
     assert "(1 could not be made: see 'skip' above)" in preflight.summary(spec(), verdicts, [])
 
@@ -302,6 +332,6 @@ def test_render_and_summary_read_as_one_line_each():
     verdicts = preflight.decide(spec(instance_type="p5en.48xlarge"), facts())
     out = preflight.render(verdicts)
     assert out[0].startswith("FAIL  offering ") and all("\n" not in line for line in out)
-    assert preflight.summary(spec(), verdicts, []).startswith("preflight: 1 of 3 checks fail")
+    assert preflight.summary(spec(), verdicts, []).startswith("preflight: 1 of 5 checks fail")
     ok = preflight.decide(spec(), facts())
     assert preflight.summary(spec(), ok, ["nodes=8"]).endswith("deploy with `npx cdk deploy -c nodes=8`")

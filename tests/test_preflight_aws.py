@@ -147,23 +147,29 @@ def test_preflight_fails_with_one_line_per_problem_and_each_names_its_fix(sess, 
     code, out, _ = run(capsys, "-c", "instance_type=p5en.48xlarge", "-c", "nodes=2")
     assert code == 1
     fails = [line for line in out if line.startswith("FAIL")]
-    assert len(fails) == 4, out
+    assert len(fails) == 5, out
     assert any("p5en.48xlarge (workers) is offered only in us-east-1a, us-east-1c" in f and "pass -c az=us-east-1a"
                in f for f in fails)
+    # The head node's m5.large too: EC2's offerings (as moto serves them) leave out us-east-1e.
+    assert any("m5.large (head) is offered only in us-east-1a, us-east-1b, us-east-1c, us-east-1d, us-east-1f" in f
+               for f in fails)
     assert any("(L-417A185B) is 192 vCPUs" in f and f.endswith("--desired-value 384`") for f in fails)
     assert any("no training image in us-east-1" in f and 'ami/app.py" -c region=us-east-1' in f for f in fails)
     # With no image, what its build needs: moto's default VPC, unlike AWS's, has no route to an internet gateway.
     assert any(f.startswith("FAIL  image-build") and "has no route to an internet gateway" in f for f in fails)
     assert "info  capacity-block  no Capacity Block offered for 2 x p5en.48xlarge for 24 h in us-east-1 now" in out
-    assert out[-1].startswith("preflight: 4 of ") and "fix them before `npx cdk deploy`" in out[-1]
+    assert out[-1].startswith("preflight: 5 of ") and "fix them before `npx cdk deploy`" in out[-1]
 
 
 def test_preflight_passes_when_the_account_is_ready_and_prints_the_deploy_command(sess, capsys):
     publish_image(sess)
     code, out, err = run(capsys, "-c", "instance_type=p5en.48xlarge", "-c", "nodes=2", "-c", "az=us-east-1a")
     assert code == 0, out + [err]
-    assert [line.split()[:2] for line in out[:-1]] == [["ok", "offering"], ["ok", "quota"], ["ok", "interfaces"],
+    assert [line.split()[:2] for line in out[:-1]] == [["ok", "offering"], ["ok", "offering"], ["ok", "quota"],
+                                                       ["ok", "quota"], ["ok", "interfaces"],
                                                        ["info", "capacity-block"], ["ok", "image"]], out
+    assert any(line.startswith("ok    quota           Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) "
+                               "instances (L-1216C47A): 2 vCPUs needed (head: 1 x m5.large x 2)") for line in out), out
     assert out[-1].endswith("deploy with `npx cdk deploy -c instance_type=p5en.48xlarge -c nodes=2 -c "
                             "az=us-east-1a`")
 

@@ -131,7 +131,7 @@ def test_the_shell_counts_the_interfaces_that_exist_against_the_vpc_quota(sess, 
     publish_image(sess)
     ec2 = sess.client("ec2")
     subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
-    quotas(sess, {"L-417A185B": 1536, ENI: 40})  # one p5 node: 32 + head 1 + endpoints 4 = 37
+    quotas(sess, {"L-417A185B": 1536, "L-1216C47A": 1000, ENI: 40})  # one p5 node: 32 + head 1 + endpoints 4 = 37
     for _ in range(3):
         ec2.create_network_interface(SubnetId=subnet)
     args = ["-c", "instance_type=p5.48xlarge", "-c", "nodes=1", "-c", "az=us-east-1a"]
@@ -144,7 +144,7 @@ def test_the_shell_counts_the_interfaces_that_exist_against_the_vpc_quota(sess, 
 
 
 def test_with_no_image_the_shell_reads_the_build_quota_and_the_default_vpcs_route_out(sess):  # noqa: F811
-    quotas(sess, {"L-417A185B": 1536, ENI: 5000, G_OD: 0})
+    quotas(sess, {"L-417A185B": 1536, "L-1216C47A": 1000, ENI: 5000, G_OD: 0})
     ec2 = sess.client("ec2")
     facts_ = preflight_shell.gather(sess, spec(az="us-east-1a"))
     b = facts_.build

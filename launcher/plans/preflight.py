@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from infra import catalog
-from infra.spec import CAPACITY_BLOCK_TYPES, CONTEXT_KEYS, READ_KEYS, ClusterSpec, SpecError
+from infra.spec import CAPACITY_BLOCK_TYPES, CONTEXT_KEYS, HEAD_INSTANCE_TYPE, READ_KEYS, ClusterSpec, SpecError
 
 __all__ = ["QUOTA_CLASSES", "Facts", "ImageFacts", "Need", "Quota", "Unread", "Verdict",
            "block_duration_hours", "check_image", "check_offerings", "check_quotas",
@@ -98,7 +98,7 @@ def quota_class(instance: catalog.InstanceType) -> QuotaClass:
 
 @dataclass(frozen=True)
 class Need:
-    role: str            # workers, reducers
+    role: str            # workers, reducers, head
     instance: catalog.InstanceType
     count: int
     spot: bool
@@ -113,11 +113,13 @@ class Need:
 
 
 def needs(spec: ClusterSpec) -> list[Need]:
-    """The node groups the stack creates: workers (in the reservation, if any), then reducers (never reserved)."""
+    """The instances the stack launches: workers (in the reservation, if any), reducers (never reserved), and the
+    Slurm head node, on-demand always (infra/head.py). The image build's instance is the image stack's, checked
+    apart (check_image_build)."""
     out = [Need("workers", spec.worker, spec.nodes, spec.spot, spec.capacity_reservation_id is not None)]
     if spec.reducers:
         out.append(Need("reducers", spec.reducer, spec.reducers, spec.spot, False))
-    return out
+    return [*out, Need("head", catalog.get(HEAD_INSTANCE_TYPE), 1, False, False)]
 
 
 def quota_codes(spec: ClusterSpec) -> list[str]:

@@ -64,6 +64,8 @@ def interfaces_needed(spec: ClusterSpec) -> tuple[int, str]:
     the endpoints."""
     parts, total = [], 0
     for need in needs(spec):
+        if need.role == "head":  # counted below, with its own interface count
+            continue
         per = len(spec.worker_interfaces if need.role == "workers" else spec.reducer_interfaces)
         total += need.count * per
         parts.append(f"{need.role}: {need.count} x {per}")
