@@ -35,6 +35,19 @@ def test_every_efa_card_gets_one_efa_device(name: str) -> None:
     assert all(i.device_index == 0 and i.interface_type == "efa-only" for i in interfaces[1:])
 
 
+def test_the_infra_readme_describes_the_interface_layout_the_code_makes() -> None:
+    """infra/README.md once put the EFA-only interfaces at device index 1 (the third review found it): the sentence
+    that describes the layout must say what layout.interfaces makes."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parent.parent / "infra" / "README.md").read_text().split())
+    said = re.search(r"card 0 device (\d) `efa`, every other card device (\d) `efa-only`", text)
+    assert said, "infra/README.md no longer describes the interface layout"
+    made = layout.interfaces(catalog.get("p5.48xlarge"), efa=True)
+    assert (int(said[1]), int(said[2])) == (made[0].device_index, made[1].device_index)
+
+
 @pytest.mark.parametrize(
     ("name", "devices"),
     [("p3dn.24xlarge", 1), ("p4d.24xlarge", 4), ("p5.48xlarge", 32), ("p5en.48xlarge", 16), ("c5n.18xlarge", 1)],
