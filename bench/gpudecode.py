@@ -52,7 +52,7 @@ def pipeline_rate(data: Path, decode: str, workers: int, size: int, batch: int, 
     shards = shards_of(load_manifest(data), "train")
     loader = make_loader(data, shards, size, batch, train=True, seed=0, epoch=0, rank=0, workers=workers,
                          pin_memory=cuda, decode=decode)
-    batches = gpudecode.batches(loader, decode, size, device)
+    batches = gpudecode.batches(loader, size, device)
     next(batches)  # the workers' start and the first batch are not counted
     if cuda:
         torch.cuda.synchronize()

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from training.loader import DataError, EncodedBatch
+from training.loader import EncodedBatch, Loader, undecodable
 from training.transforms import decode_reduced, jpeg_size
 
 Decoder = Callable[[list[torch.Tensor]], list[torch.Tensor]]  # encoded JPEGs -> uint8 CHW images, on the device
@@ -66,7 +66,7 @@ def cpu_decode(jpeg: torch.Tensor, key: str, device: torch.device) -> torch.Tens
         pixels = decode_reduced(data, width, height, 1)
     except Exception as exc:
         shard, _, name = key.partition(":")
-        raise DataError(f"{shard}: {name}.jpg cannot be decoded: {' '.join(str(exc).split())}") from None
+        raise undecodable(shard, name, exc) from None
     return torch.from_numpy(pixels).permute(2, 0, 1).to(device)
 
 
@@ -180,6 +180,7 @@ def synthetic_batches(batch: int, size: int, classes: int, device: torch.device,
         yield images, labels
 
 
-def batches(loader: Iterable, decode: str, size: int, device: torch.device) -> Iterator:
-    """The training loop's batches: the loader's own (decode="cpu"), or decoded here on the GPU."""
-    return GpuBatches(loader, size, device) if decode == "gpu" else iter(loader)
+def batches(loader: Loader, size: int, device: torch.device) -> Iterator:
+    """The training loop's batches: the loader's own, or, where make_loader(decode="gpu") gave it an encoded stream,
+    decoded here on the GPU."""
+    return GpuBatches(loader, size, device) if loader.stream.encoded else iter(loader)

@@ -77,6 +77,11 @@ class DataError(ValueError):
     """Bad or missing data; the message is one line meant for the user."""
 
 
+def undecodable(shard: str, key: str, exc: Exception) -> DataError:
+    """A sample no decoder takes, named by its shard and key, in one line."""
+    return DataError(f"{shard}: {key}.jpg cannot be decoded: {' '.join(str(exc).split())}")
+
+
 def load_manifest(data: Path) -> dict:
     """The shards' manifest.json, checked (training.convert owns the format)."""
     try:
@@ -163,7 +168,7 @@ class ShardStream(IterableDataset):
                 return f"{path.name}:{key}", data, (*box, int(flip))
             return train_transform(data, self.size, rng) if self.train else val_transform(data, self.size)
         except Exception as exc:  # any decoder error: name the sample, in one line
-            raise DataError(f"{path.name}: {key}.jpg cannot be decoded: {' '.join(str(exc).split())}") from None
+            raise undecodable(path.name, key, exc) from None
 
     def collate(self, items: list) -> torch.Tensor | EncodedBatch:
         if self.encoded:
@@ -216,7 +221,7 @@ class Loader:
             yield self.pinned(join(rest_images)), self.pinned(torch.cat(rest_labels))
 
     def pinned(self, t):
-        return t.pin_memory() if self.pin_memory and isinstance(t, torch.Tensor) else t
+        return t.pin_memory() if self.pin_memory else t  # make_loader pins no encoded stream
 
 
 def make_loader(data: Path, shards: list[dict], size: int, batch: int, train: bool, *, seed: int, epoch: int,

@@ -351,7 +351,7 @@ def train(cfg: Config) -> dict:
             batches = gpudecode.batches(make_loader(
                 data, rank_shards(train_shards, rank, world), cfg.image_size, cfg.batch_per_gpu, train=True,
                 seed=cfg.seed, epoch=epoch, rank=rank, workers=cfg.workers, pin_memory=cuda, decode=cfg.decode),
-                cfg.decode, cfg.image_size, device)
+                cfg.image_size, device)
         epoch_start = window_start = time.perf_counter()
         loss_sum, skipped = torch.zeros((), device=device), 0
         for i in range(steps):
