@@ -1,8 +1,10 @@
-"""What the stack's instances run at first boot (their EC2 user data), as pure text: the head node starts Slurm's
-controller, every worker and reducer starts ``slurmd -Z`` and registers itself with it, each with the cluster's munge
-key. The Slurm decisions themselves (slurm.conf, how each daemon starts) are :mod:`launcher.plans.slurm`'s; this
-module only places them in a boot script. Nothing here imports aws-cdk-lib: the stack passes CloudFormation tokens in
-as strings (the head node's address, the secret's ARN), which CDK resolves wherever they land in the text.
+"""What the stack's instances run at first boot (their EC2 user data), as pure text: the head node enables Slurm's
+controller, every worker and reducer ``slurmd -Z``, which registers itself with it, each with the cluster's munge key,
+as systemd units that start again at every boot after. The Slurm decisions themselves (slurm.conf, the units, each
+daemon's options) are :mod:`launcher.plans.slurm`'s; this module only places them in a boot script, which assumes
+nothing beyond a systemd host with the image's packages (rehearsal nodes run the same scripts). Nothing here imports
+aws-cdk-lib: the stack passes CloudFormation tokens in as strings (the head node's address, the secret's ARN), which
+CDK resolves wherever they land in the text.
 
 A script is run once, as root, by cloud-init on the instance's first boot (``scripts-user``:
 https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html, "Run commands when you launch an EC2 instance
@@ -13,6 +15,7 @@ launcher's readiness check reports.
 
 from __future__ import annotations
 
+import functools
 import shlex
 
 from ami import paths
@@ -22,6 +25,7 @@ __all__ = [
     "HEAD_ROLE",
     "REPLACEMENT_SPARE_MIN",
     "head_script",
+    "image_slurm",
     "max_nodes",
     "munge_key_argv",
     "node_script",
@@ -56,6 +60,16 @@ _IMDS = (
     '  curl -sSf --retry 5 -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/meta-data/$1"\n'
     "}"
 )
+
+
+@functools.cache
+def image_slurm() -> str:
+    """The Slurm release of the stack's image: ami/versions.json's ``slurm``, which ami/components/slurm.sh builds.
+    The units' shape follows it (:func:`launcher.plans.slurm.units`); an image of the user's own (``-c ami=``) is
+    expected to carry the same pinned versions as the project's."""
+    from ami import render
+
+    return render.load_versions().slurm
 
 
 def max_nodes(*, workers: int, reducers: int) -> int:
@@ -111,9 +125,12 @@ def _script(lines: list[str]) -> str:
     return "\n".join(["#!/bin/bash", "set -euo pipefail", *lines]) + "\n"
 
 
-def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: int) -> str:
-    """The head node's boot: slurm.conf, rendered here by :func:`launcher.plans.slurm.slurm_conf`, the munge key,
-    then munged and slurmctld (:func:`launcher.plans.slurm.controller_commands`).
+def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: int,
+                slurm_version: str | None = None) -> str:
+    """The head node's boot: slurm.conf, rendered here by :func:`launcher.plans.slurm.slurm_conf`, the epilog, the
+    munge key, then munge.service and slurmctld.service written, enabled and started
+    (:func:`launcher.plans.slurm.controller_boot_commands`; ``slurm_version``: the release the units are shaped for,
+    :func:`image_slurm` unless given, "22.05" on a rehearsal node).
 
     The controller's host name and address are the instance's own, read at boot (``hostname -s``, which slurmctld
     compares SlurmctldHost with, and IMDSv2's local-ipv4). The address is not pinned in the template: a pinned
@@ -143,43 +160,55 @@ def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: in
         _EPILOG_END,
         f"chmod 0755 {slurm.EPILOG_PATH}",
         *_fetch_munge_key(region=region, secret_id=secret_id),
-        *slurm.controller_commands(),
+        *slurm.controller_boot_commands(slurm_version or image_slurm()),
     ])
 
 
-def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable: str = "NODE_ADDR",
-                health_check: list[str] | None = None) -> list[str]:
-    """:func:`launcher.plans.slurm.worker_commands` with the node's own address taken from a shell variable at boot.
+def _expand(command: str, placeholder: str, variable: str) -> str:
+    """``command`` with each ``placeholder`` replaced by the shell variable ``variable``, as one word wherever it
+    stands: inside single quotes ``'"$VAR"'`` (close the quotes, the variable in double quotes, reopen them), inside
+    double quotes ``${VAR}``, bare ``"$VAR"``. The quoting is followed character by character (POSIX sh, "Quoting")."""
+    out, quote, i = [], "", 0
+    while i < len(command):
+        if command.startswith(placeholder, i):
+            out.append({"'": f"'\"${variable}\"'", '"': f"${{{variable}}}", "": f'"${variable}"'}[quote])
+            i += len(placeholder)
+            continue
+        c = command[i]
+        if c == "\\" and quote != "'":  # an escaped character, outside single quotes
+            out.append(command[i:i + 2])
+            i += 2
+            continue
+        if c in "'\"" and quote in ("", c):
+            quote = "" if quote else c
+        out.append(c)
+        i += 1
+    assert not quote, f"unbalanced quotes in {command!r}"
+    return "".join(out)
 
-    The address is rendered as a placeholder inside the single-quoted ``--conf`` value (``shlex.quote``), then the
-    placeholder becomes ``'"$VAR"'``: close the single quotes, the variable in double quotes, reopen them, so the
-    shell expands it and the value stays one word; where it is a bare word (the replacement's own NodeAddr update,
-    :func:`launcher.plans.slurm.rejoin_commands`), ``"$VAR"``.
-    """
-    commands = slurm.worker_commands(controller_addr=controller_addr, role=role, cpus=cpus, address=_NODE_ADDR,
-                                     health_check=health_check)
-    expanded = []
-    for command in commands:
-        if _NODE_ADDR in command:
-            words = [w for w in shlex.split(command.replace(controller_addr, "CONTROLLER")) if _NODE_ADDR in w]
-            assert words, command
-            if all(f"'{w}'" in command for w in words):  # inside single quotes: close, expand, reopen
-                command = command.replace(_NODE_ADDR, f"'\"${address_variable}\"'")
-            else:  # a bare word (rejoin_commands' NodeAddr=ADDR): expanded in double quotes
-                assert not any(f"'{w}'" in command for w in words), command
-                command = command.replace(_NODE_ADDR, f'"${address_variable}"')
-        expanded.append(command)
-    return expanded
+
+def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable: str = "NODE_ADDR",
+                health_check: list[str] | None = None, slurm_version: str | None = None) -> list[str]:
+    """:func:`launcher.plans.slurm.worker_boot_commands` with the node's own address taken from a shell variable at
+    boot: rendered as a placeholder, which becomes the variable wherever it lands (the ``--conf`` value in slurmd's
+    environment file, written as one single-quoted ``printf`` word; the replacement's own NodeAddr update,
+    :func:`launcher.plans.slurm.rejoin_commands`, a bare word), so the shell expands it and each value stays one
+    word."""
+    commands = slurm.worker_boot_commands(slurm_version or image_slurm(), controller_addr=controller_addr, role=role,
+                                          cpus=cpus, address=_NODE_ADDR, health_check=health_check)
+    return [_expand(command, _NODE_ADDR, address_variable) for command in commands]
 
 
 def node_script(*, region: str, secret_id: str, controller_addr: str, role: str, cpus: int,
-                health_check: list[str] | None = None) -> str:
-    """A worker's or reducer's boot: the munge key, then munged and ``slurmd -Z`` registering with the head node at
-    ``controller_addr`` (the head's private IP) and fetching slurm.conf from it, with ``role``'s feature and ``cpus``
-    (the catalog's vCPUs). An Auto Scaling group's replacement runs the same and joins with nobody attached."""
+                health_check: list[str] | None = None, slurm_version: str | None = None) -> str:
+    """A worker's or reducer's boot: the munge key, then munge.service and slurmd.service (``slurmd -Z``, registering
+    with the head node at ``controller_addr``, the head's private IP, and fetching slurm.conf from it, with ``role``'s
+    feature and ``cpus``, the catalog's vCPUs) written, enabled and started. An Auto Scaling group's replacement runs
+    the same and joins with nobody attached. ``slurm_version``: as for :func:`head_script`."""
     return _script([
         _IMDS,
         "NODE_ADDR=$(imds local-ipv4)",
         *_fetch_munge_key(region=region, secret_id=secret_id),
-        *slurmd_line(controller_addr=controller_addr, role=role, cpus=cpus, health_check=health_check),
+        *slurmd_line(controller_addr=controller_addr, role=role, cpus=cpus, health_check=health_check,
+                     slurm_version=slurm_version),
     ])

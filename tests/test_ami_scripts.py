@@ -519,3 +519,90 @@ def test_the_image_keeps_only_the_pinned_aws_ofi_nccl(tmp_path) -> None:
     again = host.run("aws-ofi-nccl.sh", "validate", env, wrap=sandbox)
     assert again.returncode == 1
     assert f"other aws-ofi-nccl plugins NCCL could load instead of {prefix}/lib's: {loose}" in again.stderr
+
+
+# --- slurm.sh: Slurm with its cgroup/v2 plugin, and no daemon enabled in the image ----------------------------------
+
+def slurm_host(tmp_path: Path, *, drop: str = "") -> tuple[Host, dict[str, str]]:
+    """A host for slurm.sh: apt-get "installs" into SCALETRAIN_SLURM_ROOT what the packages would (Debian's Slurm
+    with its plugins; munge and its key), curl serves a SchedMD tarball whose configure finds dbus only where
+    libdbus-1-dev and pkg-config were installed, and whose make install builds cgroup/v2 only then (src/plugins/
+    cgroup/Makefile.am). ``drop``: a package apt-get leaves out."""
+    root = tmp_path / "root"
+    tag = f"slurm-{VERSIONS.slurm.replace('.', '-')}-1"
+    source = tmp_path / "src" / f"slurm-{tag}"
+    source.mkdir(parents=True)
+    (source / "configure").write_text(
+        '#!/usr/bin/env bash\necho "configure $*" >>"$CALLS"\n'
+        'if [ -f "$STATE/pkg.libdbus-1-dev" ] && [ -f "$STATE/pkg.pkg-config" ]; then touch "$STATE/with-dbus"; fi\n')
+    (source / "configure").chmod(0o755)
+    with tarfile.open(tmp_path / "slurm.tar.gz", "w:gz") as tar:
+        tar.add(source, arcname=source.name)
+    daemons = tmp_path / "daemons"  # what -V prints: SchedMD's build, Debian's package
+    daemons.mkdir()
+    for name, banner in (("source", f"slurm {VERSIONS.slurm}"), ("debian", "slurm-wlm 22.05.8")):
+        (daemons / name).write_text(f"#!/usr/bin/env bash\necho '{banner}'\n")
+        (daemons / name).chmod(0o755)
+    host = Host(tmp_path, {
+        "apt-get": (
+            'if [ "$1" = install ]; then for p in "$@"; do [ "$p" = "$DROP" ] && continue; touch "$STATE/pkg.$p"\n'
+            ' case "$p" in\n'
+            '  munge) mkdir -p "$R/usr/sbin" "$R/etc/munge"; cp "$DAEMONS/debian" "$R/usr/sbin/munged";'
+            ' touch "$R/etc/munge/munge.key" ;;\n'
+            '  slurmd|slurmctld) mkdir -p "$R/usr/sbin" "$R/usr/lib/x86_64-linux-gnu/slurm-wlm";'
+            ' cp "$DAEMONS/debian" "$R/usr/sbin/$p"; touch "$R/usr/lib/x86_64-linux-gnu/slurm-wlm/cgroup_v2.so" ;;\n'
+            ' esac; done; fi; true'),
+        "curl": f'while [ $# -gt 0 ]; do if [ "$1" = -o ]; then cp {tmp_path / "slurm.tar.gz"} "$2"; shift; fi;'
+                ' shift; done',
+        "make": ('if [ "${1:-}" = install ]; then mkdir -p "$R/usr/sbin" "$R/usr/lib/slurm";'
+                 ' for d in slurmd slurmctld; do cp "$DAEMONS/source" "$R/usr/sbin/$d"; done;'
+                 ' if [ -f "$STATE/with-dbus" ]; then touch "$R/usr/lib/slurm/cgroup_v2.so"; fi; fi; true'),
+        "systemctl": "true", "id": "true", "useradd": "true", "ldconfig": "true",
+        **{tool: "true" for tool in ("sbatch", "squeue", "scontrol", "scancel", "srun")}})
+    env = {**component_env("slurm"), "SCALETRAIN_SLURM_ROOT": str(root), "R": str(root), "DROP": drop,
+           "DAEMONS": str(daemons)}
+    return host, env
+
+
+def test_slurm_is_built_with_dbus_and_pkg_config_for_its_cgroup_v2_plugin(tmp_path) -> None:
+    host, env = slurm_host(tmp_path)
+    result = host.run("slurm.sh", "build", env)
+    assert result.returncode == 0, result.stderr
+    calls = host.called()
+    deps = next(i for i, c in enumerate(calls) if c.startswith("apt-get install") and "libmunge-dev" in c)
+    assert {"libdbus-1-dev", "pkg-config", "linux-libc-dev"} <= set(calls[deps].split())
+    assert deps < next(i for i, c in enumerate(calls) if c.startswith("configure "))
+    assert (tmp_path / "root" / "usr/lib/slurm/cgroup_v2.so").exists()
+    assert host.run("slurm.sh", "validate", env).returncode == 0
+
+
+def test_a_slurm_without_the_cgroup_v2_plugin_fails_the_image_by_name(tmp_path) -> None:
+    """Without dbus the build has no cgroup/v2, and slurmd exits 1 on Ubuntu 22.04's cgroup v2 at its first start."""
+    host, env = slurm_host(tmp_path, drop="libdbus-1-dev")
+    result = host.run("slurm.sh", "build", env)
+    assert result.returncode == 1
+    assert "no cgroup/v2 plugin" in result.stderr
+
+
+@pytest.mark.parametrize("rehearsal", [False, True])
+def test_the_image_enables_no_slurm_or_munge_daemon_and_carries_no_key(tmp_path, rehearsal) -> None:
+    """The packages enable their units; a node's boot enables what its role runs once its key and options are
+    written (launcher/plans/slurm.py). Debian's package path (rehearsal) has its plugin under slurm-wlm. The Image
+    Builder instance runs systemd (munged was started by its package): stopped there; the rehearsal root is built
+    in a chroot, where only the links are removed."""
+    host, env = slurm_host(tmp_path)
+    if rehearsal:
+        env["SCALETRAIN_REHEARSAL"] = "1"
+    else:
+        (tmp_path / "root" / "run/systemd/system").mkdir(parents=True)
+    result = host.run("slurm.sh", "build", env)
+    assert result.returncode == 0, result.stderr
+    calls = host.called()
+    installed = next(i for i, c in enumerate(calls) if c.startswith("apt-get install"))
+    for unit in ("munge.service", "slurmd.service", "slurmctld.service"):
+        assert calls.index(f"systemctl disable {unit}") > installed
+        assert (f"systemctl stop {unit}" in calls) != rehearsal
+    assert not [c for c in calls if c.startswith(("systemctl enable", "systemctl start"))]
+    assert not (tmp_path / "root" / "etc/munge/munge.key").exists()
+    plugin = "usr/lib/x86_64-linux-gnu/slurm-wlm" if rehearsal else "usr/lib/slurm"
+    assert (tmp_path / "root" / plugin / "cgroup_v2.so").exists()

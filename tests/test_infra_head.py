@@ -25,8 +25,9 @@ pytest.importorskip("aws_cdk")
 
 from cfnlint.api import ManualArgs, lint  # noqa: E402
 from test_infra import AMI, ROOT, Synth, _nag_findings  # noqa: E402
+from test_slurm_plan import shell_argv, systemd_argv  # noqa: E402
 
-from ami import paths  # noqa: E402
+from ami import paths, render  # noqa: E402
 from infra import boot, catalog, ttl  # noqa: E402
 from infra.head import HEAD_INSTANCE_TYPE, MUNGE_KEY_LENGTH  # noqa: E402
 from infra.stack import IMAGE_PARAMETER_ID  # noqa: E402
@@ -259,13 +260,35 @@ def test_the_epilog_moves_the_ttl_to_now_only_when_a_teardown_job_has_ended(
         ttl.parse_expiry(argv[argv.index("--value") + 1])  # the guard's format, read by the guard
 
 
-def test_head_node_boot_fetches_the_munge_key_then_starts_slurmctld(spot: Synth) -> None:
-    lines = user_data(head_template(spot)).splitlines()
+def test_head_node_boot_fetches_the_munge_key_then_enables_slurmctld(spot: Synth) -> None:
+    script = user_data(head_template(spot))
+    lines = script.splitlines()
     fetch = next(i for i, line in enumerate(lines) if "secretsmanager get-secret-value" in line)
     assert (f"{paths.AWS_CLI} --region {REGION} secretsmanager get-secret-value --secret-id '<MungeKey>' "
             f"--query SecretString --output text > {slurm.MUNGE_KEY}") in lines[fetch]
-    daemons = slurm.controller_commands()
-    assert lines[-len(daemons):] == daemons and fetch < len(lines) - len(daemons)
+    # The units of the image's Slurm (ami/versions.json), enabled so that they start again after a reboot.
+    assert boot.image_slurm() == render.load_versions().slurm
+    daemons = "\n".join(slurm.controller_boot_commands(boot.image_slurm())) + "\n"
+    assert script.endswith("\n" + daemons) and script.index(daemons) > script.index(lines[fetch])
+    assert lines[-2:] == ["systemctl enable --now munge.service", "systemctl enable --now slurmctld.service"]
+    assert "Type=notify" in script and "/usr/sbin/slurmctld --systemd $SLURMCTLD_OPTIONS" in script
+    assert not [line for line in lines if line.startswith(("/usr/sbin/", "runuser"))]  # nothing started by hand
+    subprocess.run(["bash", "-n", "-c", script], check=True)
+
+
+def test_the_boot_takes_the_slurm_release_it_is_given() -> None:
+    """A rehearsal node runs the same scripts with Debian 12's Slurm: SchedMD's 22.05 units."""
+    head = boot.head_script(cluster_name="c", region=REGION, secret_id="arn:x", max_nodes=9,
+                            slurm_version=slurm.REHEARSAL_SLURM)
+    node = boot.node_script(region=REGION, secret_id="arn:x", controller_addr="10.0.0.5", role="worker", cpus=2,
+                            slurm_version=slurm.REHEARSAL_SLURM)
+    assert "/usr/sbin/slurmctld -D -s $SLURMCTLD_OPTIONS" in head and "Type=notify" not in head
+    assert "/usr/sbin/slurmd -D -s $SLURMD_OPTIONS" in node and "Type=notify" not in node
+    # Without one, the image's: what the stack renders.
+    node_kw = dict(region=REGION, secret_id="arn:x", controller_addr="10.0.0.5", role="worker", cpus=2)
+    assert boot.node_script(**node_kw) == boot.node_script(**node_kw, slurm_version=render.load_versions().slurm)
+    for script in (head, node):
+        subprocess.run(["bash", "-n", "-c", script], check=True)
 
 
 def test_max_nodes_leaves_room_for_every_node_to_be_replaced() -> None:
@@ -276,12 +299,15 @@ def test_max_nodes_leaves_room_for_every_node_to_be_replaced() -> None:
         boot.max_nodes(workers=0, reducers=1)
 
 
-def _slurmd_argv(script: str, addr: str) -> list[str]:
-    """The script's slurmd line run by bash with NODE_ADDR set and slurmd replaced by a printer of its argv."""
-    (line,) = [line for line in script.splitlines() if line.startswith("/usr/sbin/slurmd ")]
-    line = line.replace("/usr/sbin/slurmd", "printf '%s\\n'", 1)
-    done = subprocess.run(["bash", "-c", f"NODE_ADDR={addr}\n{line}"], check=True, capture_output=True, text=True)
-    return done.stdout.splitlines()
+def _slurmd_environment(script: str, addr: str, root: Path) -> Path:
+    """The script's write of slurmd's environment file run by bash with NODE_ADDR set, into ``root``."""
+    end = script.index(f" > {slurm.SLURMD_ENV}\n")
+    start = script.rindex("\nprintf %s ", 0, end) + 1
+    target = root / slurm.SLURMD_ENV.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = script[start:end] + f" > {target}"
+    subprocess.run(["bash", "-euo", "pipefail", "-c", f"NODE_ADDR={addr}\n{part}"], check=True)
+    return target
 
 
 @pytest.mark.parametrize(("name", "group", "role", "instance_type"), [
@@ -290,28 +316,42 @@ def _slurmd_argv(script: str, addr: str) -> list[str]:
     ("on_demand", "WorkerGroup", "worker", "p4d.24xlarge"),
 ])  # fmt: skip
 def test_every_node_fetches_the_key_and_registers_with_the_head_nodes_address(
-    name: str, group: str, role: str, instance_type: str, request: pytest.FixtureRequest
+    name: str, group: str, role: str, instance_type: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     synth = _synth(request, name)
     script = user_data(synth.launch_template(group))
+    subprocess.run(["bash", "-n", "-c", script], check=True)
     lines = script.splitlines()
     fetch = next(i for i, line in enumerate(lines) if "secretsmanager get-secret-value" in line)
     assert "--secret-id '<MungeKey>'" in lines[fetch] and f"> {slurm.MUNGE_KEY}" in lines[fetch]
     assert "NODE_ADDR=$(imds local-ipv4)" in lines[:fetch]
-    # The head node's private IP is a CloudFormation attribute; the node's own address is read at boot.
-    assert f"--conf-server <HeadNode.PrivateIp>:{slurm.SLURMCTLD_PORT} " in script
-    argv = _slurmd_argv(user_data(synth.launch_template(group), {"HeadNode.PrivateIp": "10.0.0.5"}), "10.0.7.9")
-    assert argv == ["-Z", "--conf-server", f"10.0.0.5:{slurm.SLURMCTLD_PORT}", "--conf",
-                    f"NodeAddr=10.0.7.9 CPUs={catalog.get(instance_type).vcpus} Feature={role}"]
-    assert lines.index(slurm.munge_commands()[-1]) > fetch  # munged starts once the key is there
-    # A replacement registering under a name the controller knows sets its own address (read at boot) after slurmd.
-    slurmd = next(i for i, line in enumerate(lines) if line.startswith("/usr/sbin/slurmd "))
+    # The head node's private IP is a CloudFormation attribute; the node's own address is read at boot. Both reach
+    # slurmd through its environment file, quoted so that systemd (and a shell) reads the --conf value as one word.
+    assert f"<HeadNode.PrivateIp>:{slurm.SLURMCTLD_PORT}" in script
+    resolved = user_data(synth.launch_template(group), {"HeadNode.PrivateIp": "10.0.0.5"})
+    env = _slurmd_environment(resolved, "10.0.7.9", tmp_path)
+    argv = ["-Z", "--conf-server", f"10.0.0.5:{slurm.SLURMCTLD_PORT}", "--conf",
+            f"NodeAddr=10.0.7.9 CPUs={catalog.get(instance_type).vcpus} Feature={role}"]
+    assert systemd_argv(env.read_text(), "SLURMD_OPTIONS") == argv == shell_argv(env, "SLURMD_OPTIONS")
+    # munge.service, then slurmd.service, enabled (they start again after a reboot) once the key, the unit with
+    # unlimited locked memory and the options are written.
+    unit = lines.index(f"' > {slurm.SLURMD_UNIT}")
+    options = lines.index(f"' > {slurm.SLURMD_ENV}")
+    munge = lines.index("systemctl enable --now munge.service")
+    slurmd = lines.index("systemctl enable --now --no-block slurmd.service")
+    assert fetch < unit < options < lines.index("systemctl daemon-reload") < munge < slurmd
+    assert "LimitMEMLOCK=infinity" in lines[fetch:unit] and "Delegate=yes" in lines[fetch:unit]
+    assert "ExecStart=/usr/sbin/slurmd --systemd $SLURMD_OPTIONS" in lines[fetch:unit]
+    assert not [line for line in lines if line.startswith(("/usr/sbin/", "runuser"))]  # nothing started by hand
+    # A replacement registering under a name the controller knows sets its own address (read at boot) once slurmd
+    # is up.
+    up = next(i for i, line in enumerate(lines) if "systemctl is-active --quiet slurmd.service" in line)
     rejoin = next(i for i, line in enumerate(lines) if "scontrol update NodeName=" in line and "NodeAddr=" in line)
-    assert rejoin > slurmd and 'NodeAddr="$NODE_ADDR"' in lines[rejoin]
+    assert slurmd < up < rejoin and 'NodeAddr="$NODE_ADDR"' in lines[rejoin]
     # Its health check (the doctor's node checks, as Slurm's HealthCheckProgram) is written before slurmd starts,
     # against this group's instance type and EFA devices, and never the shared storage the launcher mounts later.
     written = re.search(r"printf %s ('[^']*') > " + re.escape(slurm.HEALTH_CHECK), script)
-    assert written and script.index(written[0]) < script.index("\n/usr/sbin/slurmd ")
+    assert written and script.index(written[0]) < script.index("\nsystemctl enable --now --no-block slurmd.service")
     argv = shlex.split(shlex.split(written[1])[0].splitlines()[-1])[1:]  # the script's exec line
     assert argv[argv.index("--backend") + 1] == "aws" and argv[argv.index("--instance-type") + 1] == instance_type
     assert argv[argv.index("--storage") + 1] == "none"

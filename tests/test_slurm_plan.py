@@ -4,6 +4,11 @@ training job's batch script, and what `scontrol` and the job completion log say 
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from golden import assert_golden
@@ -77,6 +82,176 @@ def test_worker_registers_itself_with_the_controller():
 def test_controller_starts_munge_before_slurmctld():
     cmds = slurm.controller_commands()
     assert cmds.index("runuser -u munge -- /usr/sbin/munged") < cmds.index("/usr/sbin/slurmctld")
+
+
+def test_a_jobs_locked_memory_limit_is_slurmds_not_the_submitters():
+    assert conf_settings(slurm.slurm_conf(CLUSTER))["PropagateResourceLimitsExcept"] == "MEMLOCK"
+
+
+# --- The daemons as systemd units ------------------------------------------------------------------------------------
+
+AWS_SLURM = "23.11.10"  # the release ami/versions.json pins (the stack takes it from there: tests/test_infra_head.py)
+
+
+def unit_settings(text: str) -> dict[str, dict[str, list[str]]]:
+    """A unit file's settings by section; a key may repeat (systemd.syntax(7))."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for line in text.splitlines():
+        if not line.strip() or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        assert current is not None, line
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+def systemd_argv(env_text: str, variable: str) -> list[str]:
+    """What systemd passes for a unit's ``$VARIABLE`` read from an EnvironmentFile: the double-quoted value as it is
+    (systemd.exec(5), EnvironmentFile), split at whitespace with quotes removed (systemd.service(5), "Command lines";
+    env-util.c, replace_env_argv: EXTRACT_RELAX|EXTRACT_UNQUOTE)."""
+    (value,) = [line.split("=", 1)[1] for line in env_text.splitlines() if line.startswith(f"{variable}=")]
+    assert value[0] == value[-1] == '"' and '"' not in value[1:-1] and "\\" not in value, value
+    return shlex.split(value[1:-1])
+
+
+def shell_argv(env_file: Path, variable: str) -> list[str]:
+    """The same file read by a shell: sourced, then the value's words as a command line would take them."""
+    done = subprocess.run(["bash", "-c", f'. "$1"; eval "set -- ${variable}"; printf "%s\\n" "$@"', "-",
+                           str(env_file)], check=True, capture_output=True, text=True)
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("version", ["22.05", "22.05.8", "23.11", AWS_SLURM, "24.05.1"])
+def test_units_are_schedmds_with_unlimited_locked_memory_and_their_own_cgroup(version):
+    units = slurm.units(version)
+    assert set(units) == {"/etc/systemd/system/slurmd.service", "/etc/systemd/system/slurmctld.service"}
+    for path, text in units.items():
+        u = unit_settings(text)
+        after = u["Unit"]["After"][0].split()
+        assert {"munge.service", "network-online.target", "remote-fs.target"} <= set(after), path
+        assert u["Unit"]["Wants"] == ["network-online.target"]
+        assert u["Install"] == {"WantedBy": ["multi-user.target"]}
+        assert u["Service"]["TasksMax"] == ["infinity"]
+    d = unit_settings(units[slurm.SLURMD_UNIT])["Service"]
+    # Slurm's FAQ, "memlock": every job inherits slurmd's limit, and EFA needs it unlimited.
+    assert d["LimitMEMLOCK"] == ["infinity"] and d["LimitSTACK"] == ["infinity"] and d["LimitNOFILE"] == ["131072"]
+    assert d["Delegate"] == ["yes"]  # cgroup/v2 needs its subtree delegated
+    assert d["KillMode"] == ["process"]  # restarting slurmd leaves the jobs' slurmstepd running
+    assert d["EnvironmentFile"] == [f"-{slurm.SLURMD_ENV}"]
+    assert d["ExecStart"][0].startswith("/usr/sbin/slurmd ") and d["ExecStart"][0].endswith(" $SLURMD_OPTIONS")
+    assert d["Restart"] == ["on-failure"]  # until the controller answers: a worker may boot before the head node
+    assert "ConditionPathExists" not in unit_settings(units[slurm.SLURMD_UNIT])["Unit"]  # configless: no slurm.conf
+    ctld = unit_settings(units[slurm.SLURMCTLD_UNIT])
+    assert ctld["Unit"]["ConditionPathExists"] == [slurm.CONF_PATH]
+    assert ctld["Service"]["EnvironmentFile"] == [f"-{slurm.SLURMCTLD_ENV}"]
+    assert ctld["Service"]["ExecStart"][0].endswith(" $SLURMCTLD_OPTIONS")
+
+
+def test_units_follow_the_release_2205_simple_and_foreground_2311_notify_and_systemd():
+    old, new = ({path: unit_settings(text)["Service"] for path, text in slurm.units(v).items()}
+                for v in (slurm.REHEARSAL_SLURM, AWS_SLURM))
+    # SchedMD's etc/*.service.in at slurm-22-05-8-1 and at slurm-23-11-10-1.
+    assert old[slurm.SLURMD_UNIT]["Type"] == ["simple"]
+    assert old[slurm.SLURMD_UNIT]["ExecStart"] == ["/usr/sbin/slurmd -D -s $SLURMD_OPTIONS"]
+    assert old[slurm.SLURMCTLD_UNIT]["ExecStart"] == ["/usr/sbin/slurmctld -D -s $SLURMCTLD_OPTIONS"]
+    assert "User" not in old[slurm.SLURMCTLD_UNIT] and "RuntimeDirectory" not in old[slurm.SLURMD_UNIT]
+    assert new[slurm.SLURMD_UNIT]["Type"] == new[slurm.SLURMCTLD_UNIT]["Type"] == ["notify"]
+    assert new[slurm.SLURMD_UNIT]["ExecStart"] == ["/usr/sbin/slurmd --systemd $SLURMD_OPTIONS"]
+    assert new[slurm.SLURMCTLD_UNIT]["ExecStart"] == ["/usr/sbin/slurmctld --systemd $SLURMCTLD_OPTIONS"]
+    assert new[slurm.SLURMCTLD_UNIT]["User"] == ["slurm"] and new[slurm.SLURMD_UNIT]["RuntimeDirectory"] == ["slurm"]
+    assert slurm.units("23.11") == {k: v.replace(AWS_SLURM, "23.11") for k, v in slurm.units(AWS_SLURM).items()}
+
+
+@pytest.mark.parametrize("version", ["21.08.5", "slurm-23.11", "23", ""])
+def test_a_release_without_dynamic_nodes_or_no_release_is_refused(version):
+    with pytest.raises(ValueError, match="Slurm"):
+        slurm.units(version)
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("version", [slurm.REHEARSAL_SLURM, AWS_SLURM])
+def test_systemd_reads_the_units_without_a_complaint(version, tmp_path):
+    """systemd's own parser (``systemd-analyze verify``): an unknown key or a bad value is reported; the daemons
+    themselves are not installed here, which is the one complaint allowed."""
+    files = []
+    for path, text in slurm.units(version).items():
+        files.append(tmp_path / path.rsplit("/", 1)[1])
+        files[-1].write_text(text)
+    done = subprocess.run(["systemd-analyze", "verify", "--man=no", *map(str, files)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60)
+    complaints = [line for line in done.stderr.splitlines()
+                  if not re.search(r"Command /usr/sbin/slurm(ctl)?d is not executable", line)]
+    assert complaints == []
+
+
+def test_slurmds_options_survive_the_environment_file_as_systemd_and_a_shell_read_it(tmp_path):
+    options = slurm.slurmd_options(controller_addr="10.0.0.1", role="reducer", cpus=96, address="10.0.7.9")
+    assert options == ["-Z", "--conf-server", "10.0.0.1:6817", "--conf", "NodeAddr=10.0.7.9 CPUs=96 Feature=reducer"]
+    text = slurm.environment_file("SLURMD_OPTIONS", options)
+    assert systemd_argv(text, "SLURMD_OPTIONS") == options
+    (tmp_path / "slurmd").write_text(text)
+    assert shell_argv(tmp_path / "slurmd", "SLURMD_OPTIONS") == options
+    assert systemd_argv(slurm.environment_file("SLURMCTLD_OPTIONS", []), "SLURMCTLD_OPTIONS") == []
+    with pytest.raises(ValueError, match="double quote"):
+        slurm.environment_file("SLURMD_OPTIONS", ['Feature="x"'])
+
+
+def _run_writes(cmds: list[str], root: Path) -> None:
+    """Run a boot's file writes (install -d, printf, chmod; not those owned by munge or slurm) with bash, each path
+    they write under ``root``."""
+    def under(cmd: str) -> str:
+        if cmd.startswith("printf %s "):
+            body, path = cmd.rsplit(" > ", 1)
+            return f"{body} > {root}{path}"
+        return shlex.join(f"{root}{w}" if w.startswith("/") else w for w in shlex.split(cmd))
+
+    writes = [under(c) for c in cmds if c.startswith(("install -d -m", "printf %s ", "chmod "))]
+    subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(writes)], check=True)
+
+
+def test_a_worker_writes_its_unit_and_options_then_enables_munge_and_slurmd(tmp_path):
+    health = ["/opt/scaletrain/venv/bin/python", "-m", "launcher.doctor.health", "--backend", "aws"]
+    cmds = slurm.worker_boot_commands(AWS_SLURM, controller_addr="10.0.0.1", role="worker", cpus=8,
+                                      address="10.0.0.2", health_check=health)
+
+    def at(fragment: str) -> int:
+        return next(i for i, c in enumerate(cmds) if fragment in c)
+
+    key, unit, env = at(f"chown munge:munge {slurm.MUNGE_KEY}"), at(f"> {slurm.SLURMD_UNIT}"), at(
+        f"> {slurm.SLURMD_ENV}")
+    reload, munge = cmds.index("systemctl daemon-reload"), cmds.index("systemctl enable --now munge.service")
+    slurmd = cmds.index("systemctl enable --now --no-block slurmd.service")
+    wait, rejoin = at("systemctl is-active --quiet slurmd.service"), at("scontrol update NodeName=")
+    assert key < unit < reload and env < reload < munge < slurmd < wait < rejoin
+    assert at(f"> {slurm.HEALTH_CHECK}") < slurmd  # slurmd runs the check as it starts
+    assert cmds[-2:] == slurm.rejoin_commands("10.0.0.2")
+    assert not [c for c in cmds if c.startswith(("/usr/sbin/", "runuser"))]  # nothing started by hand
+    _run_writes(cmds, tmp_path)
+    written = tmp_path / slurm.SLURMD_ENV.lstrip("/")
+    assert written.read_text() == slurm.environment_file("SLURMD_OPTIONS", slurm.slurmd_options(
+        controller_addr="10.0.0.1", role="worker", cpus=8, address="10.0.0.2"))
+    assert systemd_argv(written.read_text(), "SLURMD_OPTIONS")[-1] == "NodeAddr=10.0.0.2 CPUs=8 Feature=worker"
+    assert (tmp_path / slurm.SLURMD_UNIT.lstrip("/")).read_text() == slurm.units(AWS_SLURM)[slurm.SLURMD_UNIT]
+    assert (tmp_path / slurm.HEALTH_CHECK.lstrip("/")).stat().st_mode & 0o777 == 0o755
+    subprocess.run(["bash", "-n", "-c", "\n".join(cmds)], check=True)
+
+
+def test_the_controller_enables_slurmctld_with_its_state_on_its_own_disk(tmp_path):
+    cmds = slurm.controller_boot_commands(slurm.REHEARSAL_SLURM)
+    state = cmds.index(f"install -d -o slurm -g slurm -m 0755 {slurm.STATE_DIR} {slurm.LOG_DIR}")
+    unit = next(i for i, c in enumerate(cmds) if c.endswith(f"> {slurm.SLURMCTLD_UNIT}"))
+    assert cmds[-3:] == ["systemctl daemon-reload", "systemctl enable --now munge.service",
+                         "systemctl enable --now slurmctld.service"]
+    assert state < unit < len(cmds) - 3
+    assert not any(slurm.SLURMD_SERVICE in c for c in cmds)
+    _run_writes(cmds, tmp_path)
+    assert (tmp_path / slurm.SLURMCTLD_UNIT.lstrip("/")).read_text() == slurm.units("22.05")[slurm.SLURMCTLD_UNIT]
+    assert systemd_argv((tmp_path / slurm.SLURMCTLD_ENV.lstrip("/")).read_text(), "SLURMCTLD_OPTIONS") == []
+    subprocess.run(["bash", "-n", "-c", "\n".join(cmds)], check=True)
 
 
 JOB = slurm.BatchJob(name="scaletrain-resnet18", nodes=2, slots=1, output="/fsx/scaletrain/runs/r1",

@@ -17,9 +17,25 @@ import re
 import shlex
 from dataclasses import dataclass
 
+# The units and their environment files; REHEARSAL_SLURM and the paths re-exported for the boots' callers.
+from launcher.plans.slurm_units import (  # noqa: F401
+    CONF_PATH,
+    REHEARSAL_SLURM,
+    SLURMCTLD_ENV,
+    SLURMCTLD_SERVICE,
+    SLURMCTLD_UNIT,
+    SLURMD_ENV,
+    SLURMD_SERVICE,
+    SLURMD_START_WAIT_S,
+    SLURMD_UNIT,
+    enable_commands,
+    environment_file,
+    units,
+    write_commands,
+)
+
 SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
-CONF_PATH = "/etc/slurm/slurm.conf"          # Debian's and SchedMD's default (--sysconfdir=/etc/slurm)
 MUNGE_KEY = "/etc/munge/munge.key"
 STATE_DIR = "/var/spool/slurmctld"
 SPOOL_DIR = "/var/spool/slurmd"
@@ -88,10 +104,18 @@ def slurm_conf(c: SlurmCluster) -> str:
         f"SlurmdLogFile={LOG_DIR}/slurmd.log",
         "SlurmctldPidFile=/run/slurmctld.pid",
         "SlurmdPidFile=/run/slurmd.pid",
-        # No systemd, no cgroup hierarchy of our own on a rehearsal node: processes are tracked by parent pid.
+        # Processes are tracked by parent pid and tasks are not bound, on AWS as on a rehearsal node. A rehearsal node
+        # may run slurmd outside systemd, in namespaces with a bare cgroup v1 mount and no delegated tree
+        # (launcher/plans/rehearsal.py, boot_script), where proctrack/cgroup and task/cgroup cannot work; a job's
+        # ranks are mpirun's children (plm slurm starts its daemons through srun) and mpirun binds them itself.
+        # slurmd loads its cgroup plugin all the same (slurmd.c, cgroup_g_init): see slurm_units.CGROUP_PLUGIN.
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "MpiDefault=none",
+        # A job's locked-memory limit is slurmd's (unlimited: units), not the one of the shell that ran sbatch, which
+        # Slurm propagates by default (https://slurm.schedmd.com/faq.html#memlock; slurm.conf(5),
+        # PropagateResourceLimitsExcept): EFA's libfabric registers its buffers as locked memory.
+        "PropagateResourceLimitsExcept=MEMLOCK",
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
@@ -122,10 +146,13 @@ def slurm_conf(c: SlurmCluster) -> str:
     return "\n".join(lines) + "\n"
 
 
-# -- how a node starts its daemons -------------------------------------------------------------------------------------
+# -- how a node starts its daemons by hand (no systemd) ----------------------------------------------------------------
+# For a node whose first process is not systemd (a rehearsal node as launcher/local/rehearsal_cluster.py booted it):
+# nothing restarts these after a reboot. On a systemd host: controller_boot_commands, worker_boot_commands below.
 
 def munge_commands() -> list[str]:
-    """Start munged as user munge (it refuses to run as root), with the key the cluster side put in place."""
+    """Start munged as user munge (it refuses to run as root), with the key the cluster side put in place. Without
+    systemd only: on a systemd host, munge_key_commands and munge.service (controller_boot_commands)."""
     return [
         f"chown munge:munge {MUNGE_KEY} && chmod 0400 {MUNGE_KEY}",
         "install -d -o munge -g munge -m 0755 /run/munge",
@@ -135,7 +162,8 @@ def munge_commands() -> list[str]:
 
 
 def controller_commands() -> list[str]:
-    """The head node: munge, then slurmctld (it daemonizes and drops to SlurmUser)."""
+    """The head node without systemd: munge, then slurmctld (it daemonizes and drops to SlurmUser). On a systemd host:
+    :func:`controller_boot_commands`."""
     return [*munge_commands(),
             f"install -d -o slurm -g slurm -m 0755 {STATE_DIR} {LOG_DIR}",
             "/usr/sbin/slurmctld"]
@@ -188,18 +216,26 @@ def health_restored(node_fields: dict[str, str]) -> bool:
 
 def worker_commands(*, controller_addr: str, role: str, cpus: int, address: str,
                     health_check: list[str] | None = None) -> list[str]:
-    """A worker or reducer node: munge, then ``slurmd -Z`` registering with the controller and fetching its
-    configuration from it (slurmd(8), ``-Z``: "Start a dynamic node"; ``--conf-server``: "the slurmctld to fetch
-    the configuration from")."""
-    health = [f"install -d -m 0755 {HEALTH_CHECK.rsplit('/', 1)[0]}",
-              f"printf %s {shlex.quote(health_check_script(health_check))} > {HEALTH_CHECK}",
-              f"chmod 0755 {HEALTH_CHECK}"] if health_check else []
+    """A worker or reducer node without systemd: munge, then ``slurmd -Z`` registering with the controller and
+    fetching its configuration from it (slurmd(8), ``-Z``: "Start a dynamic node"; ``--conf-server``: "the
+    slurmctld to fetch the configuration from"). On a systemd host: :func:`worker_boot_commands`."""
     return [*munge_commands(),
             f"install -d -m 0755 {SPOOL_DIR} {LOG_DIR}",
-            *health,
-            f"/usr/sbin/slurmd -Z --conf-server {controller_addr}:{SLURMCTLD_PORT} "
-            f"--conf {shlex.quote(node_conf(role=role, cpus=cpus, address=address))}",
+            *_health_check_commands(health_check),
+            "/usr/sbin/slurmd " + shlex.join(slurmd_options(controller_addr=controller_addr, role=role, cpus=cpus,
+                                                            address=address)),
             *rejoin_commands(address)]
+
+
+def slurmd_options(*, controller_addr: str, role: str, cpus: int, address: str) -> list[str]:
+    """slurmd's arguments on a worker or reducer: a dynamic node (``-Z``) that fetches its configuration from the
+    controller (``--conf-server``) and says what it is (``--conf``, :func:`node_conf`)."""
+    return ["-Z", "--conf-server", f"{controller_addr}:{SLURMCTLD_PORT}",
+            "--conf", node_conf(role=role, cpus=cpus, address=address)]
+
+
+def _health_check_commands(health_check: list[str] | None) -> list[str]:
+    return write_commands(HEALTH_CHECK, health_check_script(health_check), 0o755) if health_check else []
 
 
 def rejoin_commands(address: str) -> list[str]:
@@ -213,6 +249,43 @@ def rejoin_commands(address: str) -> list[str]:
             "2>/dev/null && break; sleep 1; done",
             f"if scontrol show node {me} | grep -Eq 'State=(DOWN|[A-Z_+]*DRAIN)'; then "
             f"scontrol update NodeName={me} State=RESUME || true; fi"]
+
+
+# -- how a node runs its daemons: systemd units (launcher/plans/slurm_units.py) ----------------------------------------
+
+def munge_key_commands() -> list[str]:
+    """The key the boot wrote (as root) made munge's, readable by it alone (munged refuses a key others may read),
+    and munged's own directories, as the package makes them."""
+    return [f"chown munge:munge {MUNGE_KEY} && chmod 0400 {MUNGE_KEY}",
+            "install -d -o munge -g munge -m 0700 /var/log/munge /var/lib/munge"]
+
+
+def controller_boot_commands(version: str) -> list[str]:
+    """The head node's daemons on a systemd host, once the key and slurm.conf are in place: munge's key, slurmctld's
+    directories (StateSaveLocation on the head node's own disk, owned by SlurmUser), its unit and options, then
+    munge.service and slurmctld.service enabled and started (``systemctl`` waits until slurmctld is up)."""
+    return [*munge_key_commands(),
+            f"install -d -o slurm -g slurm -m 0755 {STATE_DIR} {LOG_DIR}",
+            *write_commands(SLURMCTLD_UNIT, units(version)[SLURMCTLD_UNIT]),
+            *write_commands(SLURMCTLD_ENV, environment_file("SLURMCTLD_OPTIONS", [])),
+            *enable_commands(SLURMCTLD_SERVICE)]
+
+
+def worker_boot_commands(version: str, *, controller_addr: str, role: str, cpus: int, address: str,
+                         health_check: list[str] | None = None) -> list[str]:
+    """A worker's or reducer's daemons on a systemd host, once the key is in place: munge's key, slurmd's
+    directories and health check, its unit and options (:func:`slurmd_options` in ``SLURMD_OPTIONS``), then
+    munge.service and slurmd.service enabled and started, the boot waiting up to SLURMD_START_WAIT_S for slurmd
+    (:func:`launcher.plans.slurm_units.enable_commands`); then a replacement under a known name rejoins
+    (:func:`rejoin_commands`, through scontrol)."""
+    options = slurmd_options(controller_addr=controller_addr, role=role, cpus=cpus, address=address)
+    return [*munge_key_commands(),
+            f"install -d -m 0755 {SPOOL_DIR} {LOG_DIR}",
+            *_health_check_commands(health_check),
+            *write_commands(SLURMD_UNIT, units(version)[SLURMD_UNIT]),
+            *write_commands(SLURMD_ENV, environment_file("SLURMD_OPTIONS", options)),
+            *enable_commands(SLURMD_SERVICE, wait_s=SLURMD_START_WAIT_S),
+            *rejoin_commands(address)]
 
 
 # -- what a job's state means ------------------------------------------------------------------------------------------
@@ -327,7 +400,6 @@ def batch_script(b: BatchJob) -> str:
 
 TEARDOWN_COMMENT = "scaletrain:teardown"    # a job whose end takes the cluster down (launch train --teardown)
 EPILOG_PATH = "/etc/slurm/epilog-teardown.sh"
-TEARDOWN_MARKER = "scaletrain/.teardown"     # under the shared mount: the local cluster's keeper acts on it
 
 
 def epilog_script(*, action: list[str]) -> str:
