@@ -13,17 +13,20 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ami import paths
-from infra.catalog import InstanceType
-from infra.layout import BEEGFS_MOUNT_POINT, FSX_MOUNT_POINT, efa_device_count, interfaces
-from launcher.cluster import WORKDIR_SHELL
 from launcher.doctor.busbw import parse_bus_bandwidth, parse_largest_busbw
+
+if TYPE_CHECKING:
+    from infra.catalog import InstanceType
+
+# Slurm's health check (launcher/doctor/health.py) imports this module on every node every two minutes, 64 rehearsal
+# nodes at once on a 2-core machine: infra.catalog, infra.layout and launcher.cluster import pydantic (about 0.2 s of
+# CPU there, docs/benchmarks.md), so they are imported where a check needs them, not here.
 
 Status = Literal["ok", "fail", "skip"]
 STORAGE_CHOICES = ("auto", "fsx", "beegfs", "none")
-SHARED_FSTYPES = {"lustre": FSX_MOUNT_POINT, "beegfs": BEEGFS_MOUNT_POINT}
 CLOCK_SKEW_LIMIT_S = 0.5       # Horovod's timeline and the run report compare node clocks; chrony keeps < 1 ms
 GPU_MEMORY_TOLERANCE = 0.05    # nvidia-smi's memory.total vs the catalog's GiB (reserved memory, MiB rounding)
 # all_reduce_perf's bus bandwidth between nodes is bounded by each node's network line rate. Over EFA with
@@ -31,6 +34,18 @@ GPU_MEMORY_TOLERANCE = 0.05    # nvidia-smi's memory.total vs the catalog's GiB 
 # found, FI_PROVIDER wrong) lands far below. Half the line rate separates the two with room for a busy fabric.
 BUSBW_FLOOR_FRACTION = 0.5
 OFI_NCCL_DIRS = (f"{paths.OFI_NCCL_PREFIX}/lib", "/opt/aws-ofi-nccl/lib")  # the image's; older DLAMIs'
+
+
+def shared_fstypes() -> dict[str, str]:
+    from infra.layout import BEEGFS_MOUNT_POINT, FSX_MOUNT_POINT
+
+    return {"lustre": FSX_MOUNT_POINT, "beegfs": BEEGFS_MOUNT_POINT}
+
+
+def __getattr__(name: str) -> object:  # SHARED_FSTYPES, read without importing infra.layout with this module
+    if name == "SHARED_FSTYPES":
+        return shared_fstypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,53 @@ def probe_script(backend: Literal["local", "aws"], python: str, mpirun: str, *, 
     put on PATH and LD_LIBRARY_PATH first: the launcher's non-interactive, non-login SSH shell reads none of
     /etc/profile.d, where the image (and the EFA installer) put them for people who log in. ``shared_mount``: the
     local rehearsal nodes' shared storage (where the stack mounts FSx), checked mounted and writable."""
+    path = paths.path_export() if backend == "aws" else ""
+    probes = probe_commands(backend, python, mpirun, shared_mount=shared_mount)
+    return path + "; ".join(_probe(n, c) for n, c in probes.items())
+
+
+# horovodrun --check-build asks each of its questions (PyTorch there? built with MPI, Gloo, NCCL, DDL, CCL?) in a
+# process of its own that imports the framework afresh (horovod/common/util.py, _check_extension_lambda: one
+# multiprocessing child per question, for TensorFlow and MXNet too): six imports of torch a run. One import answers
+# them all; printed in check-build's format, check_horovod_build reads it unchanged.
+HOROVOD_BUILD_PY = """\
+import sys
+try:
+    import horovod
+except Exception as e:
+    sys.exit(f"import horovod: {type(e).__name__}: {e}")
+print(f"Horovod v{horovod.__version__}:")
+try:
+    import horovod.torch as hvd
+    built = {k: bool(getattr(hvd, k + "_built")()) for k in ("mpi", "gloo", "nccl", "ddl", "ccl")}
+    torch = True
+except Exception as e:
+    print(f"horovod.torch: {type(e).__name__}: {e}")
+    built, torch = {}, False
+x = lambda v: "X" if v else " "
+print("Available Frameworks:")
+print(f"    [{x(torch)}] PyTorch")
+print("Available Controllers:")
+print(f"    [{x(built.get('mpi'))}] MPI")
+print(f"    [{x(built.get('gloo'))}] Gloo")
+print("Available Tensor Operations:")
+for name in ("nccl", "ddl", "ccl", "mpi", "gloo"):
+    print(f"    [{x(built.get(name))}] {name.upper() if name != 'gloo' else 'Gloo'}")
+"""
+
+
+HOROVOD_BUILD_TOOL = "python -c 'import horovod.torch'"
+
+
+def horovod_build_command(python: str) -> str:
+    """What ``horovodrun --check-build`` prints about PyTorch, from one import of horovod.torch (HOROVOD_BUILD_PY)."""
+    return f"{shlex.quote(python)} -c {shlex.quote(HOROVOD_BUILD_PY)}"
+
+
+def probe_commands(backend: Literal["local", "aws"], python: str, mpirun: str, *, shared_mount: str | None = None,
+                   workdir: bool = True) -> dict[str, str]:
+    """Each probe's shell command, by name, in the order probe_script runs them. ``workdir``: the launcher's working
+    directory, which only a launcher connected over SSH has (the health check leaves it out)."""
     py = shlex.quote(python)
     venv_bin = shlex.quote(python.rsplit("/", 1)[0]) if "/" in python else "."
     common = [
@@ -86,8 +148,12 @@ def probe_script(backend: Literal["local", "aws"], python: str, mpirun: str, *, 
         ("horovod-python", f"{py} -c 'import json, horovod, horovod.torch as hvd; print(json.dumps("
                            f"{{\"version\": horovod.__version__, \"mpi\": bool(hvd.mpi_built()), "
                            f"\"gloo\": bool(hvd.gloo_built()), \"nccl\": bool(hvd.nccl_built())}}))'"),
-        ("workdir", f'w={WORKDIR_SHELL} && f="$w/.doctor-$$" && touch "$f" && rm -f "$f" && echo "writable $w"'),
     ]
+    if workdir:
+        from launcher.cluster import WORKDIR_SHELL
+
+        common.append(("workdir", f'w={WORKDIR_SHELL} && f="$w/.doctor-$$" && touch "$f" && rm -f "$f" '
+                                  '&& echo "writable $w"'))
     aws = [
         ("nvidia-smi", "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader"),
         ("nvidia-smi-header", "nvidia-smi | head -n 4"),
@@ -109,9 +175,7 @@ def probe_script(backend: Literal["local", "aws"], python: str, mpirun: str, *, 
         m = shlex.quote(shared_mount)
         common.append(("shared-mount", f'findmnt -n -o TARGET --mountpoint {m} && f={m}/.doctor-"$(hostname)-$$" '
                                        f'&& touch "$f" && rm -f "$f" && echo "writable {shared_mount}"'))
-    path = paths.path_export() if backend == "aws" else ""
-    probes = common + (aws if backend == "aws" else [])
-    return path + "; ".join(_probe(n, c) for n, c in probes)
+    return dict(common + (aws if backend == "aws" else []))
 
 
 def parse_probes(text: str) -> dict[str, Probe]:
@@ -224,6 +288,8 @@ def check_driver(smi: Probe, header: Probe, nvcc: Probe, kernel: Probe, image: P
 # --- EFA, libfabric, NCCL, aws-ofi-nccl -----------------------------------------------------------------------------
 
 def expected_efa_devices(instance: InstanceType) -> int:
+    from infra.layout import efa_device_count, interfaces
+
     return efa_device_count(interfaces(instance, efa=True)) if instance.has_efa else 0
 
 
@@ -294,10 +360,11 @@ def parse_check_build(text: str) -> dict[str, dict[str, bool]]:
     return sections
 
 
-def check_horovod_build(probe: Probe, *, need_nccl: bool) -> Check:
+def check_horovod_build(probe: Probe, *, need_nccl: bool, tool: str = "horovodrun --check-build") -> Check:
+    """``tool``: what printed it (the health check reads the same format from one import: HOROVOD_BUILD_PY)."""
     name = "horovod"
     if probe.rc != 0:
-        return fail(name, f"horovodrun --check-build failed: {_first_line(probe.output)}")
+        return fail(name, f"{tool} failed: {_first_line(probe.output)}")
     build = parse_check_build(probe.output)
     frameworks = build.get("Available Frameworks", {})
     controllers = build.get("Available Controllers", {})
@@ -374,7 +441,7 @@ def check_storage(mounts: Probe, writes: Probe, expect: str) -> Check:
     wanted = {"fsx": ("lustre",), "beegfs": ("beegfs",), "auto": ("lustre", "beegfs")}[expect]
     shared = [m for m in found if m.get("fstype") in wanted]
     if not shared:
-        where = " or ".join(f"{t} at {SHARED_FSTYPES[t]}" for t in wanted)
+        where = " or ".join(f"{t} at {shared_fstypes()[t]}" for t in wanted)
         return fail(name, f"not mounted: no {where}")
     read_only = re.findall(r"^read-only (\S+)", writes.output, flags=re.MULTILINE)
     target = shared[0]["target"]
@@ -450,15 +517,16 @@ LOCAL_SKIPPED = (
 
 
 def evaluate_aws(probes: dict[str, Probe], instance: InstanceType, *, storage: str,
-                 efa_devices: int | None = None) -> list[Check]:
-    """``efa_devices``: the EFA devices the stack gave this node's group (0: on TCP); default: one per EFA card."""
+                 efa_devices: int | None = None, horovod_tool: str = "horovodrun --check-build") -> list[Check]:
+    """``efa_devices``: the EFA devices the stack gave this node's group (0: on TCP); default: one per EFA card.
+    ``horovod_tool``: what printed the horovod-build probe (the health check: HOROVOD_BUILD_TOOL)."""
     p = lambda key: probes.get(key, _MISSING)  # noqa: E731
     checks = [check_gpus(p("nvidia-smi"), instance),
               check_driver(p("nvidia-smi"), p("nvidia-smi-header"), p("nvcc"), p("kernel"), p("image")),
               check_efa_devices(p("infiniband"), instance, efa_devices),
               check_libfabric(p("fi_info"), p("fi_version"), instance, efa_devices),
               check_nccl(p("ldconfig"), p("ofi-nccl"), instance, efa_devices),
-              check_horovod_build(p("horovod-build"), need_nccl=instance.gpus > 0),
+              check_horovod_build(p("horovod-build"), need_nccl=instance.gpus > 0, tool=horovod_tool),
               check_mpirun(p("mpirun")),
               check_storage(p("storage"), p("storage-write"), storage)]
     return checks

@@ -5,15 +5,44 @@ as ParallelCluster's and HyperPod's health checks take a bad instance out of ser
 itself to service when it registers (launcher/plans/slurm.rejoin_commands).
 
 Run as ``python -m launcher.doctor.health --backend local|aws ...`` (launcher/plans/slurm.health_check_argv).
+
+Time. slurmd gives the program 60 s and kills it then: run_script_health_check runs it with
+``.max_wait = 60 * 1000`` (ms; SchedMD/slurm src/slurmd/slurmd/slurmd.c, line 2924 at tag slurm-23-11-10-1, line
+2870 at slurm-22-05-8-1, the release the rehearsal nodes run; only releases after 25.05 read a HealthCheckTimeout).
+A killed check drains nothing and says nothing, so the check keeps a deadline of its own, DEADLINE_S, and gives
+each probe a timeout under it: a probe that does not answer fails the checks that read it by name
+("nvidia-smi did not answer in 30 s"), and the node drains with that reason. One exception: a probe still runnable
+when its time ran out, on a node whose load average exceeds its CPUs, was starved, not hung: the program "will be
+executed at the same time on all nodes" (slurm.conf(5)), and 64 rehearsal nodes share 2 cores, where 64 imports of
+torch at 2.7 s of CPU each need 86 s. Its checks are reported unchecked this round; the node neither drains nor
+resumes for them.
+
+Cost. The probes run at once, each in its own process group. nvidia-smi runs once (one ``--query-gpu``): without
+persistence mode the driver deinitializes the GPUs when the last client exits and every nvidia-smi initializes them
+again, "a short (order of 1-3 second) startup cost per GPU due to ECC scrubbing" (NVIDIA, "Driver Persistence",
+https://docs.nvidia.com/deploy/driver-persistence/index.html): 8-24 s on a p4d's 8 GPUs. The CUDA version the driver
+supports, the header of a second, plain nvidia-smi before, is libcuda's cuDriverGetVersion here, which touches no
+GPU. torch is imported once, in one child (checks.HOROVOD_BUILD_PY on AWS, horovod-python on the local backend),
+where the AWS check imported it seven times (horovodrun --check-build's six children, and horovod-python, which no
+AWS check read). In a child and not in this process: it costs one more interpreter start (0.04 s of CPU against the
+import's 2.7 s, docs/benchmarks.md) and buys a timeout that can kill a hung import and a crash that cannot take the
+check down with it. This process imports no torch, pydantic, rich, boto3 or numpy on the local backend; on AWS it
+imports infra.catalog (pydantic), the instance type's GPUs and EFA devices the checks compare with.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
+from ami import paths
 from launcher.doctor import checks
 from launcher.plans import slurm
 
@@ -21,19 +50,148 @@ from launcher.plans import slurm
 # connects.
 NOT_HEALTH = ("workdir",)
 
+DEADLINE_S = 45.0      # the whole check; slurmd kills it at 60 s (above), a loaded node's start-up needs the rest
+PROBES_END_S = 36.0    # every probe answered or killed by then; the rest is for the two scontrol calls
+SCONTROL_S = 4.0
+DEFAULT_PROBE_S = 15.0
+PROBE_S = {"nvidia-smi": 30.0}   # without persistence mode, 1-3 s per GPU to initialize, 8 GPUs (above)
+# torch's import gets the probes' whole share: a fresh node reads its libraries from a lazily restored EBS volume.
+IMPORTS = ("horovod-python", "horovod-build")
+TIMED_OUT = 124        # coreutils timeout(1)'s status, for a probe this check killed
+STARVED = 125          # ... for one it killed that was waiting for a CPU on an overloaded node (starved)
+# What a probe runs, where its name does not say, for "X did not answer in N s".
+TOOLS = {"horovod-python": checks.HOROVOD_BUILD_TOOL, "horovod-build": checks.HOROVOD_BUILD_TOOL,
+         "kernel": "modinfo nvidia", "infiniband": "ls /sys/class/infiniband", "fi_version": "fi_info --version",
+         "ldconfig": "ldconfig -p", "ofi-nccl": "ls aws-ofi-nccl", "storage": "findmnt",
+         "storage-write": "a write to the shared file system", "shared-mount": "the shared mount",
+         "image": "cat image.env"}
+# The probes each check reads (checks.evaluate_aws, checks.evaluate_local): a failed check whose probe timed out
+# says so, not what the missing output would otherwise mean ("no nvidia kernel module...").
+READS = {"gpus": ("nvidia-smi",), "driver/cuda": ("nvidia-smi", "nvcc", "kernel", "image"),
+         "efa devices": ("infiniband",), "libfabric efa": ("fi_info", "fi_version"), "nccl": ("ldconfig", "ofi-nccl"),
+         "horovod": IMPORTS, "mpi": ("mpirun",), "shared storage": ("storage", "storage-write", "shared-mount")}
+
+
+def health_probes(a: argparse.Namespace) -> dict[str, str]:
+    """The probes this check runs: the doctor's, less those no check here reads; on AWS one nvidia-smi and one
+    import of horovod.torch (checks.HOROVOD_BUILD_PY) for what horovodrun --check-build told."""
+    probes = checks.probe_commands(a.backend, a.python, a.mpirun, shared_mount=a.shared_mount, workdir=False)
+    if a.backend == "aws":
+        for unread in ("horovod-python", "nvidia-smi-header") + (("storage", "storage-write")
+                                                                 if (a.storage or "none") == "none" else ()):
+            del probes[unread]
+        probes["horovod-build"] = checks.horovod_build_command(a.python)
+    return probes
+
+
+def probe_limits(probes: dict[str, str], deadline: float) -> dict[str, float]:
+    """Each probe's timeout in seconds, scaled with the deadline (DEADLINE_S gives the figures above)."""
+    scale = deadline / DEADLINE_S
+    end = PROBES_END_S * scale
+    return {n: min(end, (PROBES_END_S if n in IMPORTS else PROBE_S.get(n, DEFAULT_PROBE_S)) * scale) for n in probes}
+
+
+def run_probes(probes: dict[str, str], limits: dict[str, float], *, prefix: str = "") -> dict[str, checks.Probe]:
+    """Every probe at once (``bash -c``), each in a process group of its own and writing to a file of its own (no
+    pipe to fill); one not done within its limit is killed, group and all, and answers TIMED_OUT, or STARVED."""
+    started = time.monotonic()
+    running, found = {}, {}
+    with contextlib.ExitStack() as files:
+        for name, command in probes.items():
+            out = files.enter_context(tempfile.TemporaryFile())
+            running[name] = out, subprocess.Popen(["bash", "-c", prefix + command], stdin=subprocess.DEVNULL,
+                                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        for name, (out, proc) in running.items():
+            try:
+                rc = proc.wait(timeout=max(0.0, started + limits[name] - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                why = starved(proc.pid)
+                # Not waited for: a process stuck in the kernel (a wedged driver) outlives SIGKILL; init reaps it.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                tool, limit = TOOLS.get(name, name), f"{limits[name]:.3g}"
+                found[name] = (checks.Probe(f"{tool} was starved of CPU for {limit} s ({why})\n", STARVED) if why
+                               else checks.Probe(f"{tool} did not answer in {limit} s\n", TIMED_OUT))
+            else:
+                out.seek(0)
+                found[name] = checks.Probe(out.read().decode(errors="replace"), rc)
+    return found
+
+
+def starved(pgid: int) -> str | None:
+    """Why a probe that ran out of time was starved rather than hung, or None: a process of its group still runnable
+    (state R in /proc/PID/stat: waiting for a CPU, not for a device or a disk, as a wedged nvidia-smi waits) on a
+    node whose load average exceeds the CPUs this check may use."""
+    load, cpus = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    if load <= cpus:
+        return None
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if state == "R" and int(group) == pgid:
+            return f"load average {load:.1f} on {cpus} CPUs"
+    return None
+
+
+def cuda_driver_version() -> checks.Probe:
+    """The CUDA version the driver supports, as plain nvidia-smi's header prints it ("CUDA Version: 12.8"), from
+    libcuda's cuDriverGetVersion ("the latest CUDA version supported by driver", CUDA Driver API): it needs no
+    cuInit and touches no GPU."""
+    import ctypes
+
+    version = ctypes.c_int()
+    try:
+        status = ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+    except (OSError, AttributeError) as e:
+        return checks.Probe(f"libcuda.so.1: {e}\n", 1)
+    if status != 0:
+        return checks.Probe(f"cuDriverGetVersion returned {status}\n", 1)
+    return checks.Probe(f"CUDA Version: {version.value // 1000}.{version.value % 1000 // 10}\n", 0)
+
 
 def evaluate(a: argparse.Namespace, probes: dict[str, checks.Probe]) -> list[checks.Check]:
     if a.backend == "aws":
         from infra import catalog
 
         found = checks.evaluate_aws(probes, catalog.get(a.instance_type), storage=a.storage or "none",
-                                    efa_devices=a.efa_devices)
+                                    efa_devices=a.efa_devices, horovod_tool=checks.HOROVOD_BUILD_TOOL)
     else:
         found = checks.evaluate_local(probes, a.python, shared_mount=a.shared_mount)
     return [c for c in found if c.name not in NOT_HEALTH]
 
 
+def failures(found: list[checks.Check], probes: dict[str, checks.Probe]) -> tuple[list[tuple[str, str]],
+                                                                                  list[tuple[str, str]]]:
+    """(failed, unchecked): (checks, why) of each failure, and of each check left unchecked by a starved probe. A
+    check whose probe timed out names the timeout; checks failing for the same reason share one entry (gpus,
+    driver/cuda: nvidia-smi did not answer in 30 s)."""
+    merged: dict[tuple[bool, str], list[str]] = {}
+    for c in found:
+        if not c.failed:
+            continue
+        read = [probes[p] for p in READS.get(c.name, ()) if p in probes]
+        timed_out = [p.output.strip() for p in read if p.rc == TIMED_OUT]
+        starved_ = [p.output.strip() for p in read if p.rc == STARVED]
+        unchecked = bool(starved_) and not timed_out
+        merged.setdefault((unchecked, "; ".join(timed_out or starved_) or c.detail), []).append(c.name)
+    pairs = [(unchecked, (", ".join(names), detail)) for (unchecked, detail), names in merged.items()]
+    return [p for u, p in pairs if not u], [p for u, p in pairs if u]
+
+
+def scontrol(args: list[str], until: float) -> str:
+    try:
+        return subprocess.run(["scontrol", *args], capture_output=True, text=True,
+                              timeout=max(0.5, until - time.monotonic())).stdout
+    except subprocess.TimeoutExpired:
+        print(f"scontrol {args[0]} did not answer", file=sys.stderr, flush=True)
+        return ""
+
+
 def main(args: list[str] | None = None) -> int:
+    started = time.monotonic()
     p = argparse.ArgumentParser(prog="python -m launcher.doctor.health")
     p.add_argument("--backend", choices=("local", "aws"), required=True)
     p.add_argument("--python", required=True)
@@ -42,19 +200,31 @@ def main(args: list[str] | None = None) -> int:
     p.add_argument("--instance-type")
     p.add_argument("--storage")
     p.add_argument("--efa-devices", type=int)
+    p.add_argument("--deadline", type=float, default=DEADLINE_S,
+                   help=f"seconds the whole check may take (default {DEADLINE_S:g}; slurmd kills it at 60)")
     a = p.parse_args(args)
-    script = checks.probe_script(a.backend, a.python, a.mpirun, shared_mount=a.shared_mount)
-    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=600)
-    failed = [(c.name, c.detail) for c in evaluate(a, checks.parse_probes(done.stdout)) if c.failed]
+    probes = health_probes(a)
+    prefix = paths.path_export() if a.backend == "aws" else ""
+    found = run_probes(probes, probe_limits(probes, a.deadline), prefix=prefix)
+    if a.backend == "aws":
+        found["nvidia-smi-header"] = cuda_driver_version()
+    failed, unchecked = failures(evaluate(a, found), found)
     node = socket.gethostname().split(".")[0]
+    scontrol_s = SCONTROL_S * a.deadline / DEADLINE_S
+    if unchecked:
+        print("scaletrain health: not checked this round: "
+              + "; ".join(f"{names}: {why}" for names, why in unchecked), flush=True)
+    if not failed and unchecked:
+        return 0  # neither drained nor resumed for what it could not check
     if not failed:
-        shown = subprocess.run(["scontrol", "--oneliner", "show", "node", node], capture_output=True, text=True)
-        if slurm.health_restored(slurm.fields(shown.stdout.strip())):  # it drained itself, and is well again
-            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
+        shown = scontrol(["--oneliner", "show", "node", node], min(time.monotonic() + scontrol_s,
+                                                                  started + a.deadline))
+        if slurm.health_restored(slurm.fields(shown.strip())):  # it drained itself, and is well again
+            scontrol(["update", f"NodeName={node}", "State=RESUME"], started + a.deadline)
         return 0
     reason = slurm.drain_reason(failed)
     print(reason, flush=True)
-    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], check=False)
+    scontrol(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], started + a.deadline)
     return 1
 
 
