@@ -20,6 +20,7 @@ import shlex
 
 from ami import paths
 from launcher.plans import slurm
+from launcher.plans import storage as storage_plan
 
 __all__ = [
     "HEAD_ROLE",
@@ -29,6 +30,7 @@ __all__ = [
     "max_nodes",
     "munge_key_argv",
     "node_script",
+    "storage_script",
     "slurmd_line",
 ]
 
@@ -45,6 +47,10 @@ REPLACEMENT_SPARE_MIN = 8
 _HEAD_HOST, _HEAD_ADDR, _NODE_ADDR = "@HEAD_HOST@", "@HEAD_ADDR@", "@NODE_ADDR@"
 _CONF_END = "SLURM_CONF"  # the here-document's delimiter
 _EPILOG_END = "SLURM_EPILOG"
+# munged refuses a key file shorter than 32 bytes (munge's src/munged/conf.c: "Keyfile must be at least %d bytes",
+# MUNGE_MINIMUM_SECRET_KEY_LEN 32, https://github.com/dun/munge); 1024 bytes is the length its documented way of making
+# one writes (dd if=/dev/urandom bs=1 count=1024). Letters and digits only: no punctuation for the shell to mangle.
+MUNGE_KEY_LENGTH = 1024
 KEY_TRIES, KEY_RETRY_S = 30, 10  # how long a node waits for the munge key: 5 minutes
 
 # IMDSv2: a session token from a PUT, then the metadata with the token in a header; the launch templates require
@@ -125,8 +131,22 @@ def _script(lines: list[str]) -> str:
     return "\n".join(["#!/bin/bash", "set -euo pipefail", *lines]) + "\n"
 
 
+def _mount(storage: dict | None) -> list[str]:
+    """The shared storage's mount, made by the instance's own boot before its Slurm daemon starts, and at every
+    boot after from /etc/fstab (:func:`launcher.plans.storage.boot_mount_commands`): FSx for Lustre on AWS, from
+    the stack's outputs passed in as tokens; the storage host's sshfs on a rehearsal node. None: storage the
+    launcher sets up after boot (BeeGFS on the nodes' RAM disks) or none at all."""
+    return storage_plan.boot_mount_commands(storage) if storage else []
+
+
+def storage_script(*, storage: dict) -> str:
+    """The storage part alone: a rehearsal cluster without Slurm runs it (the stack always has Slurm)."""
+    return _script(_mount(storage))
+
+
 def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: int,
-                slurm_version: str | None = None) -> str:
+                slurm_version: str | None = None, storage: dict | None = None,
+                cgroup_plugin: str = slurm.CGROUP_PLUGIN) -> str:
     """The head node's boot: slurm.conf, rendered here by :func:`launcher.plans.slurm.slurm_conf`, the epilog, the
     munge key, then munge.service and slurmctld.service written, enabled and started
     (:func:`launcher.plans.slurm.controller_boot_commands`; ``slurm_version``: the release the units are shaped for,
@@ -159,6 +179,8 @@ def head_script(*, cluster_name: str, region: str, secret_id: str, max_nodes: in
         epilog.rstrip("\n"),
         _EPILOG_END,
         f"chmod 0755 {slurm.EPILOG_PATH}",
+        *(slurm.write_commands(slurm.CGROUP_CONF, cgroup) if (cgroup := slurm.cgroup_conf(cgroup_plugin)) else []),
+        *_mount(storage),
         *_fetch_munge_key(region=region, secret_id=secret_id),
         *slurm.controller_boot_commands(slurm_version or image_slurm()),
     ])
@@ -200,7 +222,8 @@ def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable:
 
 
 def node_script(*, region: str, secret_id: str, controller_addr: str, role: str, cpus: int,
-                health_check: list[str] | None = None, slurm_version: str | None = None) -> str:
+                health_check: list[str] | None = None, slurm_version: str | None = None,
+                storage: dict | None = None) -> str:
     """A worker's or reducer's boot: the munge key, then munge.service and slurmd.service (``slurmd -Z``, registering
     with the head node at ``controller_addr``, the head's private IP, and fetching slurm.conf from it, with ``role``'s
     feature and ``cpus``, the catalog's vCPUs) written, enabled and started. An Auto Scaling group's replacement runs
@@ -208,6 +231,7 @@ def node_script(*, region: str, secret_id: str, controller_addr: str, role: str,
     return _script([
         _IMDS,
         "NODE_ADDR=$(imds local-ipv4)",
+        *_mount(storage),
         *_fetch_munge_key(region=region, secret_id=secret_id),
         *slurmd_line(controller_addr=controller_addr, role=role, cpus=cpus, health_check=health_check,
                      slurm_version=slurm_version),

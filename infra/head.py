@@ -27,15 +27,11 @@ from cdk_nag import NagSuppressions
 from constructs import Construct, IConstruct
 
 from infra import boot, catalog
+from infra.boot import MUNGE_KEY_LENGTH
 from infra.compute import TAG_ROLE, NodeIdentity, instance_data
 from infra.guard import ttl_parameter_arn
 from infra.spec import HEAD_INSTANCE_TYPE
 from launcher.plans import slurm
-
-# munged refuses a key file shorter than 32 bytes (munge's src/munged/conf.c: "Keyfile must be at least %d bytes",
-# MUNGE_MINIMUM_SECRET_KEY_LEN 32, https://github.com/dun/munge); 1024 bytes is the length its documented way of making
-# one writes (dd if=/dev/urandom bs=1 count=1024). Letters and digits only: no punctuation for the shell to mangle.
-MUNGE_KEY_LENGTH = 1024
 
 
 class MungeKey(Construct):

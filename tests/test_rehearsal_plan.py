@@ -3,6 +3,7 @@ switch every component script honours (run for real, in bash, with nothing on PA
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -36,6 +37,17 @@ def test_every_component_of_the_recipe_runs_in_recipe_order_with_the_switch():
 def test_the_rehearsal_torch_is_the_one_this_projects_venv_and_horovod_wheel_use():
     makefile = (render.HERE.parent / "Makefile").read_text()
     assert f"TORCH_VERSION := {plan.REHEARSAL_TORCH}\n" in makefile
+
+
+def test_what_the_ubuntu_ami_is_and_minbase_is_not_comes_first():
+    """systemd, cloud-init and their configuration are in the root before any component runs, as they are in the
+    AMI the recipe starts from."""
+    system, _ = plan.build_steps(VERSIONS)
+    assert system[0] == plan.Step(plan.INSTANCE, "rehearsal", {plan.SWITCH: "1"})
+    text = (render.HERE / "rehearsal" / plan.INSTANCE).read_text()
+    for package in ("systemd", "systemd-sysv", "cloud-init", "dbus", "sshfs"):
+        assert f" {package} " in text
+    assert "datasource_list: [ NoCloud, None ]" in text
 
 
 def test_open_mpi_stands_in_right_where_the_efa_installer_runs():
@@ -94,7 +106,7 @@ def test_the_open_mpi_stand_in_refuses_to_run_outside_a_rehearsal(tmp_path):
 
 def test_build_steps_run_in_a_clean_environment():
     system, _ = plan.build_steps(VERSIONS)
-    cmd = plan.step_command(system[0])
+    cmd = plan.step_command(system[1])
     assert cmd[:2] == ["/usr/bin/env", "-i"] and cmd[-2:] == [f"{paths.SCRIPT_DIR}/base.sh", "build"]
     assert f"{plan.SWITCH}=1" in cmd and f"PATH={plan.BUILD_PATH}" in cmd
     assert not any(a.startswith(("VIRTUAL_ENV=", "PYTHONPATH=")) for a in cmd)
@@ -123,7 +135,7 @@ def test_a_bad_subnet_is_one_line_naming_what_is_allowed(subnet, fragment):
 
 
 def test_a_subnet_too_small_for_the_nodes_is_refused():
-    with pytest.raises(LaunchError, match="room for 13 nodes, not 20"):
+    with pytest.raises(LaunchError, match="room for 11 nodes, not 20"):
         plan.network("local", [f"node{i}" for i in range(20)], "10.213.0.0/28")
 
 
@@ -134,26 +146,100 @@ def test_overlapping_routes_are_found():
     assert plan.overlapping("10.214.0.0/24", routes) == []
 
 
-def test_a_node_boots_into_its_own_root_with_only_the_shared_mount_from_this_machine():
+def test_a_node_boots_into_its_own_root_and_becomes_systemd():
     script = plan.boot_script(node="node1", lowerdirs=["/c/project/upper", "/c/system/root"], upper="/s/n/upper",
-                              work="/s/n/work", merged="/s/n/merged", shared="/s/shared")
+                              work="/s/n/work", merged="/s/n/merged")
     assert_golden("rehearsal-boot.sh", script)
     lines = script.splitlines()
     binds = [ln for ln in lines if "--bind" in ln]
-    # the only directory of this machine bound in is the shared one (the rest are device nodes)
-    assert [b for b in binds if "/dev/" not in b] == ["mount --bind /s/shared /s/n/merged/fsx"]
+    # no directory of this machine is bound in (device nodes and the console only): the node's own boot mounts
+    # the shared storage from the storage host
+    assert binds and all("/dev/" in b for b in binds) and not any("/fsx" in ln for ln in lines)
+    # cgroup v2 at /sys/fs/cgroup, as Ubuntu 22.04 mounts it (slurmd's cgroup/v2 plugin reads it there)
+    assert "mount -t cgroup2 cgroup2 /s/n/merged/sys/fs/cgroup" in lines
+    assert not any("-t cgroup " in ln or "name=systemd" in ln for ln in lines)  # no made-up v1 hierarchy
     assert lines.index("pivot_root . .oldroot") < lines.index("umount -l /.oldroot")
-    assert lines[-1] == "exec /usr/sbin/sshd -D -e"
+    # the image's init is the node's PID 1, and nothing the launcher starts by hand runs before it
+    assert lines[-1] == "exec env -i container=scaletrain-rehearsal /sbin/init"
+    assert not any("sshd" in ln or "ssh-keygen" in ln or "slurm" in ln or "munge" in ln for ln in lines)
 
 
-def test_host_keys_are_printed_as_cloud_init_prints_them_and_read_by_the_ec2_parser():
+def test_the_node_moves_into_its_cgroup_before_it_leaves_this_machines_sysfs():
+    """`ip netns exec` remounts /sys, where the cgroup2 hierarchy is not mounted: writing cgroup.procs after it
+    fails, and a node's systemd would then take this machine's whole cgroup tree as its own."""
+    cmd = plan.boot_command("st-ab-node0", "/sys/fs/cgroup/unified/scaletrain/st-ab-node0", "/s/n/boot.sh")
+    assert cmd[:2] == ["bash", "-c"]
+    text = cmd[2]
+    assert text.index("cgroup.procs") < text.index("ip netns exec") < text.index("unshare --cgroup")
+    assert "&& exec ip netns exec st-ab-node0 unshare" in text  # no boot when the move failed
+
+
+def test_the_seed_is_what_nocloud_reads(tmp_path):
+    import yaml
+
+    files = plan.seed_files(instance_id="i-0123456789abcdef0", hostname="node0", user_data="#!/bin/bash\ntrue\n",
+                            public_keys=["ssh-ed25519 AAAA launcher", "", "ssh-ed25519 BBBB nodes\n"])
+    assert set(files) == {"/var/lib/cloud/seed/nocloud/meta-data", "/var/lib/cloud/seed/nocloud/user-data"}
+    meta = yaml.safe_load(files["/var/lib/cloud/seed/nocloud/meta-data"][0])
+    assert meta == {"instance-id": "i-0123456789abcdef0", "local-hostname": "node0",
+                    "public-keys": ["ssh-ed25519 AAAA launcher", "ssh-ed25519 BBBB nodes"]}
+    assert files["/var/lib/cloud/seed/nocloud/user-data"] == (b"#!/bin/bash\ntrue\n", 0o600)
+
+
+def test_an_instance_id_has_ec2s_form_and_is_new_for_a_replacement():
+    a = plan.instance_id("/c/local", "node1", "10.213.0.3")
+    assert re.fullmatch(r"i-[0-9a-f]{17}", a)
+    assert a == plan.instance_id("/c/local", "node1", "10.213.0.3")  # a reboot keeps it
+    assert a != plan.instance_id("/c/local", "node1", "10.213.0.9")  # a replacement is a new instance
+
+
+def test_cloud_inits_result_names_what_failed():
+    assert plan.cloud_failure({"v1": {"datasource": "DataSourceNoCloud", "errors": []}}) is None
+    assert plan.cloud_failure({"v1": {"errors": ["('scripts_user', RuntimeError('failed'))"]}}) == (
+        "('scripts_user', RuntimeError('failed'))")
+
+
+def test_imds_is_on_link_from_every_node_and_held_by_the_services_namespace():
+    netw = plan.network("local", ["node0", "node1"], "10.213.0.0/24")
+    assert netw.services is not None and netw.services.address == "10.213.0.254"
+    assert netw.storage is not None and netw.storage.address == "10.213.0.253"
+    assert ["ip", "-n", netw.node("node0").netns, "route", "add", "169.254.169.254/32", "dev", "eth0"] in (
+        plan.node_net_commands(netw, netw.node("node0")))
+    svc = plan.services_net_commands(netw)
+    assert ["ip", "-n", netw.services.netns, "addr", "add", "169.254.169.254/32", "dev", "eth0"] in svc
+    assert not any("route" in c for c in svc)  # it holds the address; it needs no route to it
+    # no node, first or replacement, is ever given the services' or the storage host's address
+    assert not {"10.213.0.253", "10.213.0.254"} & {n.address for n in netw.nodes}
+    taken = {f"10.213.0.{i}" for i in range(2, 253)}
+    with pytest.raises(LaunchError, match="no address left"):
+        plan.replacement_address("10.213.0.0/24", taken)
+    assert plan.replacement_address("10.213.0.0/24", taken - {"10.213.0.252"}) == "10.213.0.252"
+
+
+def test_the_aws_clis_one_difference_is_its_endpoint():
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read_string(plan.aws_config("http://10.213.0.254:5000", "us-east-1"))
+    assert dict(cfg["default"]) == {"region": "us-east-1", "endpoint_url": "http://10.213.0.254:5000"}
+
+
+def test_the_rehearsals_aws_cli_reads_the_one_config_the_cluster_writes():
+    """root's boot and SlurmUser's epilog (no HOME, no environment) both reach the stand-in account."""
+    text = (render.HERE / "components" / "aws-cli.sh").read_text()
+    assert f"REHEARSAL_CONFIG={plan.AWS_CONFIG}\n" in text
+
+
+def test_host_keys_are_read_from_cloud_inits_console_by_the_ec2_parser():
     from launcher.cluster.aws.access import host_keys_from_console
 
-    console = "\n".join(["booting", plan.HOST_KEYS_BEGIN, "ssh-ed25519 " + "A" * 68 + " root@node0",
-                         "ecdsa-sha2-nistp256 " + "B" * 140 + " root@node0", plan.HOST_KEYS_END,
-                         "Server listening on 0.0.0.0 port 22."])
-    assert host_keys_from_console(console) == ["ssh-ed25519 " + "A" * 68, "ecdsa-sha2-nistp256 " + "B" * 140]
-    assert plan.sshd_listening(console) and not plan.sshd_listening("booting")
+    # what a node's console held, cloud-init's own keys-to-console output (a rehearsal node, 2026-11-27)
+    console = "\n".join(["<14>Nov 27 17:02:54 cloud-init: -----BEGIN SSH HOST KEY FINGERPRINTS-----",
+                         "<14>Nov 27 17:02:54 cloud-init: 256 SHA256:dUdYH6Nv root@node0 (ECDSA)",
+                         "<14>Nov 27 17:02:54 cloud-init: -----END SSH HOST KEY FINGERPRINTS-----",
+                         plan.HOST_KEYS_BEGIN, "ecdsa-sha2-nistp256 " + "B" * 140 + " root@node0",
+                         "ssh-ed25519 " + "A" * 68 + " root@node0", plan.HOST_KEYS_END])
+    assert host_keys_from_console(console) == ["ecdsa-sha2-nistp256 " + "B" * 140, "ssh-ed25519 " + "A" * 68]
 
 
 def test_missing_tools_and_root_are_one_line_naming_the_fix():
@@ -169,7 +255,7 @@ def test_a_replacement_gets_an_address_no_node_has_had():
     assert plan.replacement_address("10.213.0.0/24", {"10.213.0.2", "10.213.0.3"}) == "10.213.0.4"
     assert plan.replacement_address("10.213.0.0/28", {"10.213.0.2", "10.213.0.4"}) == "10.213.0.3"
     with pytest.raises(LaunchError, match="no address left"):
-        plan.replacement_address("10.213.0.0/28", {f"10.213.0.{i}" for i in range(2, 15)})
+        plan.replacement_address("10.213.0.0/28", {f"10.213.0.{i}" for i in range(2, 13)})
 
 
 def test_the_default_subnet_is_the_first_one_nothing_routes():

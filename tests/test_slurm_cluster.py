@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -96,12 +97,110 @@ def test_nodes_registered_themselves_with_the_controller(home):
     assert "[head]" not in proc.stdout
     head = launch(home, "ssh", "--cluster", "local", "head", "hostname; sinfo --noheader -o '%n %T'", check=True)
     lines = head.stdout.split("\n")
-    assert lines[0] == "head" and sorted(lines[1:3]) == ["node0 idle", "node1 idle"], head.stdout
-    # The munge key is the cluster's (made by `launch local up`, as the stack's secret is), not the image's.
-    key = (home / "clusters/local/munge.key").read_bytes()
-    assert len(key) == 1024
+    assert lines[0] == "head" and sorted(lines[1:4]) == ["node0 idle", "node1 idle", "reducer0 idle"], head.stdout
+    # The munge key is the cluster's, made in the account as the stack's secret is, not the image's: every node's
+    # boot read it from Secrets Manager (moto's, through the AWS CLI's endpoint setting, with IMDS's credentials).
+    from launcher.local import rehearsal_services
+
+    rehearsal = state["rehearsal"]
+    sm = rehearsal_services.account(rehearsal["services"], "secretsmanager")
+    key = sm.get_secret_value(SecretId=rehearsal["secret"])["SecretString"].encode() + b"\n"
+    assert len(key) == 1025  # the stack's 1024 characters, and the newline `--output text` ends them with
     node_key = home / "clusters/local/nodes/node0/upper/etc/munge/munge.key"
     assert node_key.read_bytes() == key and oct(node_key.stat().st_mode & 0o777) == "0o400"
+
+
+def test_nodes_boot_as_instances_of_the_image_boot(home):
+    """The issue's "done when", node by node: systemd is PID 1, cloud-init ran the user data and says done, cgroup v2
+    at /sys/fs/cgroup, /fsx a network mount the node made itself (in its fstab), munge and Slurm's daemon active
+    units asking for unlimited locked memory, and IMDS refusing a GET without a token."""
+    for node, daemon in (("head", "slurmctld"), ("node0", "slurmd"), ("reducer0", "slurmd")):
+        said = launch(home, "ssh", "--cluster", "local", node, " ; ".join([
+            "ps -o comm= -p 1", "cloud-init status", "stat -f -c %T /sys/fs/cgroup",
+            "findmnt -n -o FSTYPE,SOURCE /fsx", "grep -c ' /fsx fuse.sshfs ' /etc/fstab",
+            f"systemctl is-active munge {daemon}", f"systemctl is-enabled {daemon}",
+            f"systemctl show -p LimitMEMLOCK --value {daemon}",
+            "curl -s -o /dev/null -w '%{http_code}\\n' http://169.254.169.254/latest/meta-data/instance-id",
+            "t=$(curl -sf -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token)"
+            " && curl -sf -H \"X-aws-ec2-metadata-token: $t\" http://169.254.169.254/latest/meta-data/local-ipv4"]),
+            check=True).stdout.split("\n")
+        address = next(n["address"] for n in [*cluster_state(home)["nodes"], cluster_state(home)["head"]]
+                       if n["name"] == node)
+        storage = cluster_state(home)["rehearsal"]["storage"]
+        memlock = "infinity" if daemon == "slurmd" else said[8]  # SchedMD's slurmctld.service sets none: no jobs
+        assert said[:10] == ["systemd", "status: done", "cgroup2fs", f"fuse.sshfs root@{storage}:/", "1",
+                             "active", "active", "enabled", memlock, "401"], (node, said)
+        assert said[10] == address, (node, said)
+    # A job's locked-memory limit is slurmd's, not that of the shell that submitted it (PropagateResourceLimits-
+    # Except=MEMLOCK): submitted from a shell limited to 64 KiB, the job has slurmd's. (This machine's processes lack
+    # CAP_SYS_RESOURCE, so slurmd's own stays at the machine's; on an instance it is the unit's infinity.)
+    probe = "ulimit -l; awk '/locked/ {print $4}' /proc/$(pgrep -x slurmd)/limits"
+    out = launch(home, "ssh", "--cluster", "local", "head",
+                 f"ulimit -S -l 64; srun -N1 -w node0 bash -c {shlex.quote(probe)}", check=True).stdout.split()
+    job_kib, slurmd_bytes = out[0], out[1]
+    assert job_kib != "64", out
+    assert job_kib == ("unlimited" if slurmd_bytes == "unlimited" else str(int(slurmd_bytes) // 1024)), out
+
+
+def test_each_node_ran_the_stacks_own_user_data_for_its_role(home):
+    """The user data each node ran is what the synthesized stack gives that role's launch template (infra/boot.py),
+    the tokens resolved, apart from the named values: the storage's mount line, the health check's arguments, the
+    cgroup plugin on this machine and the Slurm release of the root (Debian's 22.05; the image's 23.11)."""
+    from infra import boot
+    from launcher.plans import rehearsal as plan
+    from launcher.plans import slurm
+
+    state = cluster_state(home)
+    r = state["rehearsal"]
+    seed = "var/lib/cloud/seed/nocloud/user-data"
+    ran = {n: (home / "clusters/local/nodes" / n / "upper" / seed).read_text() for n in ("head", "node0", "reducer0")}
+    mount = plan.storage_mount(r["storage"])
+    assert ran["head"] == boot.head_script(cluster_name="local", region=plan.REGION, secret_id=r["secret"],
+                                           max_nodes=boot.max_nodes(workers=2, reducers=1), storage=mount,
+                                           cgroup_plugin=slurm.REHEARSAL_CGROUP_PLUGIN,
+                                           slurm_version=slurm.REHEARSAL_SLURM)
+    for node, role in (("node0", "worker"), ("reducer0", "reducer")):
+        cpus = next(n["cpus"] for n in state["nodes"] if n["name"] == node)
+        health = slurm.health_check_argv(python=state["python"], backend="local", mpirun=state["mpirun"],
+                                         shared_mount=plan.SHARED_MOUNT)
+        assert ran[node] == boot.node_script(region=plan.REGION, secret_id=r["secret"],
+                                             controller_addr=state["head"]["address"], role=role, cpus=cpus,
+                                             health_check=health, storage=mount,
+                                             slurm_version=slurm.REHEARSAL_SLURM)
+    # and the stack's, for the same spec, differs from it in those values only (the AWS defaults)
+    aws = boot.node_script(region=plan.REGION, secret_id=r["secret"], controller_addr=state["head"]["address"],
+                           role="worker", cpus=cpus, health_check=health, storage=mount)
+    differing = [ln for ln in aws.splitlines() if ln not in ran["node0"].splitlines()]
+    unit = [ln for ln in slurm.units(boot.image_slurm())[slurm.SLURMD_UNIT].splitlines() if ln]
+    assert differing and all(any(u in ln for u in unit) for ln in differing), differing  # the unit's text only
+
+
+def test_a_rebooted_head_keeps_its_queue_and_a_running_job_goes_on(home):
+    """EC2's reboot: every process of the head node ends, its disk stays, systemd boots it again, cloud-init does not
+    run the user data again; the units bring munge and slurmctld back, with the queue (StateSaveLocation)."""
+    ssh = ["ssh", "-F", str(home / "clusters/local/ssh_config"), "head"]
+    submit = subprocess.run([*ssh, "sbatch --parsable -N1 --wrap 'sleep 25'; sbatch --parsable -N3 --wrap true"],
+                            capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    running, queued = submit
+    wait_for(lambda: launch(home, "jobs", "--cluster", "local").returncode == 0 and job(home, running)["state"]
+             == "running", 60)
+    boots = (home / "clusters/local/nodes/head/upper/var/log/cloud-init-output.log").read_text().count("finished at")
+    launch(home, "local", "reboot", "head", check=True)
+    wait_for(lambda: launch(home, "jobs", "--cluster", "local").returncode == 0, 60)
+    assert job(home, running)["state"] == "running" and job(home, queued)["state"] == "queued"
+    wait_for(lambda: job(home, running)["state"] == "succeeded", 120)
+    wait_for(lambda: job(home, queued)["state"] == "succeeded", 120)
+    again = (home / "clusters/local/nodes/head/upper/var/log/cloud-init-output.log").read_text()
+    assert again.count("finished at") == boots + 1  # cloud-init ran at the boot, the user data did not
+    assert again.count("Created symlink /etc/systemd/system/multi-user.target.wants/slurmctld.service") == 1
+    # a worker's reboot: it rejoins and takes jobs again
+    launch(home, "local", "reboot", "node1", check=True)
+    wait_for(lambda: "idle" in subprocess.run([*ssh, "sinfo --noheader -n node1 -o %T"], capture_output=True,
+                                              text=True, timeout=60).stdout, 90)
+    assert launch(home, "doctor", "--cluster", "local").returncode == 0
+    # a node that is not there is one line, exit 2
+    proc = launch(home, "local", "reboot", "node9")
+    assert proc.returncode == 2 and "no node 'node9'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_a_run_outlives_its_launcher_and_a_lost_node(home):
@@ -352,20 +451,20 @@ def test_a_node_that_fails_its_health_check_drains_itself_and_a_replacement_retu
 
 def test_a_controller_that_does_not_answer_is_one_line(home):
     ssh = ["ssh", "-F", str(home / "clusters/local/ssh_config"), "head"]
-    subprocess.run([*ssh, "pkill -x slurmctld; while pgrep -x slurmctld; do sleep 0.2; done"], check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run([*ssh, "systemctl stop slurmctld"], check=True, capture_output=True, timeout=60)
     try:
         assert_one_line_error(launch(home, "jobs", "--cluster", "local"), "does not answer")
         assert_one_line_error(launch(home, "logs", "1", "--cluster", "local"), "does not answer")
     finally:  # the controller's state (StateSaveLocation) brings the jobs back
-        subprocess.run([*ssh, "/usr/sbin/slurmctld"], check=True, capture_output=True, timeout=60)
+        subprocess.run([*ssh, "systemctl start slurmctld"], check=True, capture_output=True, timeout=60)
     wait_for(lambda: launch(home, "jobs", "--cluster", "local").returncode == 0, 60)
     assert any(j["state"] == "succeeded" for j in jobs(home))
 
 
 def test_teardown_is_the_clusters_own_when_the_job_ends(home):
-    """Last in the module: --teardown's job ends, its epilog on the head node leaves the marker, and the keeper takes
-    the cluster down with no launcher involved (the launcher only says so)."""
+    """Last in the module: --teardown's job ends, its epilog on the head node moves the cluster's TTL parameter to
+    now in the account (the stack's own epilog, its SSM call reaching the moto server), and the keeper takes the
+    cluster down with no launcher involved (the launcher only says so)."""
     state = cluster_state(home)
     keeper = json.loads((home / "clusters/local/rehearsal.json").read_text())["keeper"]
     proc = launch(home, "train", "--data", SHARDS, "--epochs", "1", *TINY, "--teardown", "--output",
@@ -378,3 +477,8 @@ def test_teardown_is_the_clusters_own_when_the_job_ends(home):
     wait_for(lambda: not alive(keeper), 30)  # it exits once the cluster is down (a zombie counts as gone)
     netns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
     assert not netns & set(state["rehearsal"]["netns"].values())
+    assert not any(n.endswith(("-services", "-storage")) and state["rehearsal"]["bridge"][2:7] in n for n in netns)
+    from launcher.local import rehearsal_nodes
+
+    assert not any((rehearsal_nodes.cgroup_root() / "scaletrain" / ns).exists()
+                   for ns in state["rehearsal"]["netns"].values())

@@ -355,19 +355,6 @@ def test_the_jobs_mpirun_starts_its_daemons_through_slurm_with_the_runs_hostfile
     assert "FI_PROVIDER=efa" in argv and argv[argv.index("-np") + 1] == "2"
 
 
-def test_a_node_with_slurm_gets_cgroup_mounts_and_its_daemons_before_sshd():
-    from launcher.plans import rehearsal
-
-    kw = dict(node="node0", lowerdirs=["/l"], upper="/u", work="/w", merged="/m", shared="/s")
-    plain = rehearsal.boot_script(**kw)
-    assert "cgroup" not in plain  # nodes without Slurm boot as before
-    lines = rehearsal.boot_script(**kw, services=("/usr/sbin/slurmctld",)).splitlines()
-    mounts = [i for i, ln in enumerate(lines) if "/m/sys/fs/cgroup" in ln]
-    assert mounts and max(mounts) < lines.index("pivot_root . .oldroot")
-    assert lines.index("/usr/sbin/slurmctld") < lines.index("exec /usr/sbin/sshd -D -e")
-    assert lines.index("/usr/sbin/slurmctld") > lines.index("ssh-keygen -A >/dev/null")
-
-
 @pytest.mark.parametrize("state,resumes", [
     ("IDLE", False), ("ALLOCATED", False), ("DOWN+DYNAMIC_NORM", True), ("DOWN+DYNAMIC_NORM+NOT_RESPONDING", True),
     ("IDLE+DRAIN+DYNAMIC_NORM", True), ("MIXED+DRAIN", True)])

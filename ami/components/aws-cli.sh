@@ -62,10 +62,21 @@ verify() {
     esac
 }
 
+# A rehearsal node's account is a stand-in reached through the CLI's own endpoint setting (endpoint_url), written
+# by the local cluster to this one file (launcher/plans/rehearsal.py, AWS_CONFIG). Every user of the node reads it:
+# root's boot, and slurmctld's epilog, which runs as SlurmUser with no HOME and no environment of its own.
+REHEARSAL_CONFIG=/etc/scaletrain/rehearsal-aws-config
+
 install_rehearsal() {
     python3 -m venv "$INSTALL_DIR"
     "$INSTALL_DIR/bin/python" -m pip install --quiet "awscli>=1.36,<2"
-    ln -sfn "$INSTALL_DIR/bin/aws" "$SCALETRAIN_AWS_CLI"
+    rm -f "$SCALETRAIN_AWS_CLI"
+    cat > "$SCALETRAIN_AWS_CLI" <<WRAPPER
+#!/bin/sh
+if [ -z "\${AWS_CONFIG_FILE:-}" ] && [ -r $REHEARSAL_CONFIG ]; then export AWS_CONFIG_FILE=$REHEARSAL_CONFIG; fi
+exec $INSTALL_DIR/bin/aws "\$@"
+WRAPPER
+    chmod 0755 "$SCALETRAIN_AWS_CLI"
 }
 
 install_() {

@@ -93,6 +93,24 @@ def local_kill(node: str = typer.Argument(..., help="The node to stop, e.g. node
     console.print(f"{node} of cluster '{c.name}' killed (every process at once)")
 
 
+@app.command("reboot")
+def local_reboot(node: str = typer.Argument(..., help="The node to reboot, e.g. head or node1."),
+                 cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local cluster name.")):
+    """Reboot a rehearsal node as EC2 reboots an instance: its processes end, its disk stays, systemd boots it
+    again; cloud-init does not run the user data again, and the units it enabled (munge, Slurm) come back."""
+    from launcher.local import rehearsal_cluster
+
+    check_named("--cluster", cluster, "a name")
+    c = clusters.load(cluster)
+    if c.backend != "local" or c.rehearsal is None:
+        raise LaunchError(f"cluster '{c.name}' has no rehearsal nodes; `launch local reboot` reboots those only")
+    names = [*c.names(), *([c.head.name] if c.head else [])]
+    if node not in names:
+        raise usage_error(f"no node {node!r} in cluster '{c.name}'; its nodes: {', '.join(names)}")
+    rehearsal_cluster.reboot(c, node)
+    console.print(f"{node} of cluster '{c.name}' rebooted")
+
+
 @app.command("replace")
 def local_replace(nodes: list[str] = typer.Argument(None, metavar="[NODE]...",
                                                      help="Nodes to replace; default: every node whose sshd died."),

@@ -78,6 +78,9 @@ class RehearsalInfo(BaseModel):
     shared_mount: str                        # ... and where every node sees it (where the stack mounts FSx)
     layers: list[str]                        # the root's overlay lower directories, top first
     addresses_used: list[str] = []           # every address a node has had (a replacement gets a new one)
+    services: str = ""                       # the services namespace's address: IMDS's and the account's
+    storage: str = ""                        # the storage host's address: the nodes mount shared storage from it
+    secret: str = ""                         # the munge key's secret ARN in that account (a cluster with Slurm)
 
 
 class Cluster(BaseModel):

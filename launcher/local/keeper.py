@@ -53,21 +53,26 @@ def say(line: str) -> None:
 
 
 def torn_down(c) -> bool:
-    """A job submitted with --teardown has ended (its epilog on the head node wrote the marker): after a grace
+    """A job submitted with --teardown has ended: its epilog on the head node moved the cluster's TTL parameter to
+    now in the account (infra/boot.py, teardown_argv_line; here the moto server standing in for it). After a grace
     period, in which a launcher still attached reads the run's summary, take the cluster down, as the TTL guard
-    deletes a stack whose expiry the epilog moved to now."""
+    deletes a stack whose expiry has passed (infra/ttl.py)."""
+    from infra import ttl
     from launcher.local import rehearsal_cluster as local_rehearsal
-    from launcher.plans import slurm
+    from launcher.local import rehearsal_services as services_
 
     assert c.rehearsal is not None
-    marker = Path(c.rehearsal.shared_host) / slurm.TEARDOWN_MARKER
+    if not c.rehearsal.services:
+        return False
     try:
-        written = float(marker.read_text().strip() or 0)
-    except (OSError, ValueError):
+        ssm = services_.account(c.rehearsal.services, "ssm")
+        value = ssm.get_parameter(Name=ttl.parameter_name(c.name))["Parameter"]["Value"]
+        expiry = ttl.parse_expiry(value).timestamp()
+    except Exception:  # no parameter yet (no --teardown job has ended), or the account is gone with the cluster
         return False
-    if time.time() - written < TEARDOWN_GRACE_S:
+    if time.time() - expiry < TEARDOWN_GRACE_S:
         return False
-    say("a --teardown job has ended (its epilog's marker); taking the cluster down")
+    say("a --teardown job has ended (its epilog moved the cluster's TTL to now); taking the cluster down")
     local_rehearsal.remove(local_rehearsal.cluster_dir(c.name))
     say("the cluster is down")
     return True

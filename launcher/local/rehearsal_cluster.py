@@ -15,10 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import getpass
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 from ami import paths
@@ -29,28 +32,36 @@ from launcher.files import keygen, write_atomic
 from launcher.local import keeper
 from launcher.local import rehearsal_nodes as nodes_
 from launcher.local import rehearsal_root as rh
+from launcher.local import rehearsal_services as services_
 from launcher.local.backend import cpus_per_node, node_names
+from launcher.plans import imds, slurm
 from launcher.plans import rehearsal as plan
-from launcher.plans import slurm
 
 HEAD = "head"                   # the head node's name (and host name) on a local cluster with Slurm
-MUNGE_KEY = "munge.key"         # the cluster's munge key on this machine, as the stack's secret on AWS
+NODE_ROLE = "node"              # the instance role IMDS hands every node's credentials for (the stack's NodeRole)
 
 RECORD = "rehearsal.json"  # written before anything is made: what `down` removes
+_RECORD_LOCK = threading.Lock()  # nodes boot in parallel threads
 
 
 def _record(d: Path, *, bridge: str | None = None, node: plan.NodeNet | None = None,
-            keeper: int | None = None) -> None:
+            keeper: int | None = None, service: tuple[str, object] | None = None) -> None:
     """Add what was just made to the record (made first: a name that was already taken, by another cluster, say,
     is never recorded, so never removed)."""
-    rec = leftovers(d) or {"bridge": None, "nodes": {}}
-    if bridge:
-        rec["bridge"] = bridge
-    if node:
-        rec["nodes"][node.name] = {"netns": node.netns, "veth": node.veth}
-    if keeper:
-        rec["keeper"] = keeper
-    write_atomic(d / RECORD, json.dumps(rec, indent=1))
+    with _RECORD_LOCK:
+        rec = leftovers(d) or {"bridge": None, "nodes": {}}
+        if bridge:
+            rec["bridge"] = bridge
+        if node:
+            rec["nodes"][node.name] = {"netns": node.netns, "veth": node.veth}
+        if keeper:
+            rec["keeper"] = keeper
+        if service:
+            what, value = service
+            if isinstance(value, plan.NodeNet):
+                value = {"netns": value.netns, "veth": value.veth}
+            rec.setdefault("services", {})[what] = value
+        write_atomic(d / RECORD, json.dumps(rec, indent=1))
 
 
 def _start_keeper(d: Path, name: str) -> None:
@@ -100,40 +111,85 @@ def remove(d: Path) -> int:
         if was_running:
             nodes_.stop(pid)
         nodes_.remove_node_net(made["netns"], made["veth"])
+        nodes_.remove_cgroup(made["netns"])
         return was_running
 
     # Every node at once, as instances terminate: one after another, 64 nodes took 129 s to come down.
     nodes = rec.get("nodes", {})
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(nodes)))) as pool:
         running = sum(pool.map(lambda item: one(*item), nodes.items()))
+    services = rec.get("services", {})
+    for what in ("imds", "account", "storage"):
+        if isinstance(services.get(what), int):
+            services_.stop(services[what])
+    for what in ("netns", "storage_netns"):
+        if isinstance(services.get(what), dict):
+            nodes_.remove_node_net(services[what]["netns"], services[what]["veth"])
     if rec.get("bridge"):
         nodes_.remove_network(rec["bridge"])
+    nodes_.remove_cgroup_parent()  # when no other cluster's nodes are in it
     subprocess.run(["rm", "-rf", "--one-file-system", str(d)], check=False)
     return running
 
 
-def _slurm_side(d: Path, head_address: str, *, role: str, cpus: int, address: str,
-                conf: str | None = None) -> tuple[dict[str, tuple[bytes, int]], tuple[str, ...]]:
-    """What a node of a cluster with Slurm gets from the cluster's side before it boots (the munge key; the head
-    node also its slurm.conf) and the daemons it starts: the controller, or slurmd registering itself."""
-    files = {slurm.MUNGE_KEY: ((d / MUNGE_KEY).read_bytes(), 0o400)}
+def _user_data(name: str, role: str, *, head_address: str | None, secret_arn: str | None, cpus: int,
+               workers: int, reducers: int, storage: str) -> str:
+    """The user data the synthesized stack gives this role's launch template (infra/boot.py), CloudFormation's
+    tokens resolved to this cluster's values: the head node's address, the munge key's secret ARN, the region, the
+    shared storage's mount (the one named difference: sshfs from the storage host for FSx for Lustre,
+    plan.storage_mount). Besides those, the node's health check's arguments differ (the local backend's checks,
+    not a GPU instance type's). A cluster without Slurm runs only the storage part, the stack's first lines."""
+    from infra import boot
+
+    mount = plan.storage_mount(storage)
+    if secret_arn is None:
+        return boot.storage_script(storage=mount)
     if role == "head":
-        assert conf is not None
-        files[slurm.CONF_PATH] = (conf.encode(), 0o644)
-        # --teardown's epilog: the keeper takes the cluster down on this marker, as the TTL guard does on AWS.
-        marker = f"{plan.SHARED_MOUNT}/{slurm.TEARDOWN_MARKER}"
-        files[slurm.EPILOG_PATH] = (slurm.epilog_script(action=[f"date -u +%s > {marker}"]).encode(), 0o755)
-        return files, tuple(slurm.controller_commands())
+        return boot.head_script(cluster_name=name, region=plan.REGION, secret_id=secret_arn,
+                                max_nodes=boot.max_nodes(workers=workers, reducers=reducers), storage=mount,
+                                cgroup_plugin=slurm.REHEARSAL_CGROUP_PLUGIN, **_slurm_version())
+    assert head_address is not None
     health = slurm.health_check_argv(python=paths.PYTHON, backend="local", mpirun=paths.MPIRUN,
                                      shared_mount=plan.SHARED_MOUNT)
-    return files, tuple(slurm.worker_commands(controller_addr=head_address, role=role, cpus=cpus, address=address,
-                                              health_check=health))
+    return boot.node_script(region=plan.REGION, secret_id=secret_arn, controller_addr=head_address, role=role,
+                            cpus=cpus, health_check=health, storage=mount, **_slurm_version())
 
 
-def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, shared: Path, user_pub: str,
-               address: str | None = None, *, slurm_role: tuple[str, str, int] | None = None,
-               conf: str | None = None) -> nodes_.Booted:
-    """``slurm_role``: (head node's address, this node's role, its cpus) on a cluster with Slurm."""
+def _slurm_version() -> dict:
+    """The Slurm the rehearsal root has (Debian 12's), for the boot's units, where infra/boot.py asks for it."""
+    import inspect
+
+    from infra import boot
+
+    params = inspect.signature(boot.node_script).parameters
+    return {"slurm_version": getattr(slurm, "REHEARSAL_SLURM", "22.05")} if "slurm_version" in params else {}
+
+
+def _instance(cluster_key: str, name: str, address: str, public_keys: list[str],
+              user_data: str, role: str | None) -> imds.Instance:
+    now = time.time()
+    iid = plan.instance_id(cluster_key, name, address)
+    creds = imds.Credentials(access_key_id="ASIA" + iid[2:18].upper().ljust(16, "0"),
+                             secret_access_key=hashlib.sha256(iid.encode()).hexdigest(),
+                             token=hashlib.sha256(b"token" + iid.encode()).hexdigest(), expiration=now + 6 * 3600,
+                             last_updated=now)
+    mac = "02:" + ":".join(iid[2 + 2 * i:4 + 2 * i] for i in range(5))
+    return imds.Instance(instance_id=iid, instance_type="rehearsal", local_ipv4=address, hostname=name,
+                         region=plan.REGION, availability_zone=plan.ZONE, role=role,
+                         credentials=creds if role else None,
+                         public_keys=tuple(public_keys), ami_id="ami-0rehearsal0000000", mac=mac, launch_time=now,
+                         user_data=user_data or None)
+
+
+def _publish(d: Path, instances: dict[str, imds.Instance]) -> None:
+    """IMDS's map of the nodes (by address), rewritten whole and atomically as nodes come and go."""
+    write_atomic(d / services_.INSTANCES, imds.instances_json(list(instances.values())))
+
+
+def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, storage_files: dict, instances: dict,
+               *, user_data: str, public_keys: list[str], address: str | None = None,
+               timeout_s: float = 60.0) -> nodes_.Booted:
+    """Make a node's network, publish it to IMDS, put its seed on its new disk and boot it."""
     node_dir = d / "nodes" / name
     if node_dir.exists():
         subprocess.run(["rm", "-rf", "--one-file-system", str(node_dir)], check=False)
@@ -149,12 +205,18 @@ def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, shared
     finally:  # whatever part of it was made (the namespace before the veth) is ours to remove
         if nodes_.netns_exists(net.netns):
             _record(d, node=net)
-    files, services = {}, ()
-    if slurm_role is not None:
-        head_address, role, cpus = slurm_role
-        files, services = _slurm_side(d, head_address, role=role, cpus=cpus, address=net.address, conf=conf)
-    return nodes_.boot(name, net.netns, net.address, layers, node_dir, shared, user_pub, files=files,
-                       services=services)
+    inst = _instance(str(d.resolve()), name, net.address, public_keys, user_data,
+                     NODE_ROLE if user_data else None)
+    with _RECORD_LOCK:
+        instances[net.address] = inst
+        _publish(d, instances)
+    files = plan.seed_files(instance_id=inst.instance_id, hostname=name, user_data=user_data,
+                            public_keys=public_keys)
+    assert netw.services is not None
+    files[plan.AWS_CONFIG] = (plan.aws_config(services_.endpoint(netw.services.address), plan.REGION).encode(),
+                                  0o644)  # no secret in it; every user of the node reads it
+    files.update(storage_files)
+    return nodes_.boot(name, net.netns, net.address, layers, node_dir, timeout_s, files=files)
 
 
 def _access_files(c: Cluster, keys: dict[str, list[str]]) -> None:
@@ -180,7 +242,10 @@ def _install_access(c: Cluster) -> None:
 def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_slurm: bool = False) -> Cluster:
     """``with_slurm``: a head node running Slurm's controller besides the nodes, each node running slurmd, and the
     keeper (launcher/local/keeper.py) replacing a lost node by itself, as an Auto Scaling group does."""
+    from concurrent.futures import ThreadPoolExecutor
+
     rh.check_host()
+    nodes_.cgroup_root()
     if subnet is not None:
         plan.parse_subnet(subnet)
     roles = node_names(nodes, reducers)
@@ -191,38 +256,51 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
     d.mkdir(parents=True, mode=0o700)
     try:
         user = getpass.getuser()
-        # Both public keys go on every node as it boots, as SSM installs them on EC2 (aws.install_keys): the
+        # Both public keys go on every node as it boots, as EC2 hands the launch's key pair to cloud-init: the
         # launcher's, and the nodes' own, which mpirun on node0 uses to start the others.
         user_pub = keygen(d / "id_ed25519", f"scaletrain-{name}") + keygen(d / "node_ed25519",
                                                                             f"scaletrain-nodes-{name}")
+        public_keys = [k for k in user_pub.splitlines() if k.strip()]
         shared = d / "shared"
         shared.mkdir(mode=0o755)
         (shared / "scaletrain").mkdir()
         (shared / "scaletrain").chmod(0o1777)  # mkdir's mode is masked by the umask: every user of the nodes writes
         nodes_.make_network(netw)
         _record(d, bridge=netw.bridge)
+        assert netw.services is not None and netw.storage is not None
+        services_.start(d, netw, lambda what, value: _record(d, service=(what, value)))
+        storage_files = services_.start_storage(d, netw, shared, lambda what, value: _record(d, service=(what, value)))
         cpus = cpus_per_node(os.cpu_count() or 1, len(roles))
+        workers = sum(1 for _, r in roles if r == "worker")
+        secret_arn = _munge_secret(netw.services.address, name) if with_slurm else None
+        instances: dict[str, imds.Instance] = {}
         booted = {}
         head = None
+        timeout = 60.0 + 1.0 * len(roles)  # every node boots at once on this machine's cores
         if with_slurm:  # the controller first: each slurmd registers with it as it starts
             head_addr = netw.node(HEAD).address
-            fd = os.open(d / MUNGE_KEY, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            os.write(fd, os.urandom(1024))  # munged wants at least 32 bytes (mungekey(8)); 1024 is its default
-            os.close(fd)
-            conf = slurm.slurm_conf(slurm.SlurmCluster(name=name, controller=HEAD, controller_addr=head_addr,
-                                                       max_nodes=2 * len(roles), epilog_ctld=slurm.EPILOG_PATH,
-                                                       health_check=slurm.HEALTH_CHECK,
-                                                       health_check_interval_s=slurm.HEALTH_CHECK_INTERVAL_S))
-            booted[HEAD] = _boot_node(d, netw, HEAD, layers, shared, user_pub, slurm_role=(head_addr, "head", 1),
-                                      conf=conf)
+            booted[HEAD] = _boot_node(d, netw, HEAD, layers, storage_files, instances, public_keys=public_keys,
+                                      user_data=_user_data(name, "head", head_address=None, secret_arn=secret_arn,
+                                                           cpus=1, workers=workers, reducers=reducers,
+                                                           storage=netw.storage.address))
             head = Node(name=HEAD, address=head_addr, port=22, role="head", slots=0, cpus=1,
                         workdir=plan.NODE_WORKDIR)
-        for node, role in roles:
-            booted[node] = _boot_node(d, netw, node, layers, shared, user_pub,
-                                      slurm_role=(head.address, role, cpus) if head else None)
+
+        def one(item: tuple[str, str]) -> nodes_.Booted:
+            node, role = item
+            return _boot_node(d, netw, node, layers, storage_files, instances, public_keys=public_keys,
+                              timeout_s=timeout,
+                              user_data=_user_data(name, role, head_address=head.address if head else None,
+                                                   secret_arn=secret_arn, cpus=cpus, workers=workers,
+                                                   reducers=reducers, storage=netw.storage.address))
+
+        with ThreadPoolExecutor(max_workers=min(64, len(roles))) as pool:
+            booted.update(zip([n for n, _ in roles], pool.map(one, roles), strict=True))
         info = RehearsalInfo(bridge=netw.bridge, subnet=netw.subnet, gateway=netw.gateway,
                              netns={n.name: n.netns for n in netw.nodes}, veth={n.name: n.veth for n in netw.nodes},
-                             shared_host=str(shared), shared_mount=plan.SHARED_MOUNT, layers=layers.lowerdirs())
+                             shared_host=str(shared), shared_mount=plan.SHARED_MOUNT, layers=layers.lowerdirs(),
+                             services=netw.services.address, storage=netw.storage.address,
+                             secret=secret_arn or "")
         c = Cluster(name=name, backend="local", user=user,
                     nodes=[Node(name=n, address=netw.node(n).address, port=22, role=role, slots=1, cpus=cpus,
                                 workdir=plan.NODE_WORKDIR) for n, role in roles],
@@ -241,6 +319,39 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
     return c
 
 
+def _munge_secret(services_address: str, name: str) -> str:
+    """The cluster's munge key as the stack makes it (infra/head.py, MungeKey: a generated Secrets Manager secret of
+    letters and digits), in the stand-in account; its ARN, which the user data reads it by."""
+    from infra.boot import MUNGE_KEY_LENGTH
+
+    sm = services_.account(services_address, "secretsmanager")
+    key = sm.get_random_password(PasswordLength=MUNGE_KEY_LENGTH, ExcludePunctuation=True)["RandomPassword"]
+    return sm.create_secret(Name=f"scaletrain-{name}-munge", SecretString=key)["ARN"]
+
+
+def reboot(cluster: Cluster, name: str) -> None:
+    """Reboot a node as EC2 does: every process ends, the disk stays, systemd boots again; cloud-init does not run
+    the user data again, and the units it enabled bring the daemons back."""
+    assert cluster.rehearsal is not None
+    d = cluster_dir(cluster.name)
+    every = {n.name: n for n in [*cluster.nodes, *([cluster.head] if cluster.head else [])]}
+    if name not in every:
+        raise LaunchError(f"no node named {name} in cluster {cluster.name}; its nodes: {', '.join(every)}")
+    pid = cluster.processes.get(name)
+    netns = cluster.rehearsal.netns[name]
+    if pid is None or not nodes_.is_ours(pid, netns):
+        raise LaunchError(f"{name} is not running; `launch local replace {name}` boots a new instance in its place")
+    import fcntl
+
+    with open(d / ".replace.lock", "w") as lock:  # the keeper must not take the rebooting node for lost
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        nodes_.shutdown(pid)
+        layers = rh.recorded_layers(cluster.rehearsal.layers)
+        b = nodes_.boot(name, netns, every[name].address, layers, d / "nodes" / name, first=False)
+        fresh = load(cluster.name)
+        save(fresh.model_copy(update={"processes": {**fresh.processes, name: b.pid}}))
+
+
 def down(cluster: Cluster) -> int:
     return remove(cluster_dir(cluster.name))
 
@@ -256,7 +367,9 @@ def replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, list
         fcntl.flock(lock, fcntl.LOCK_EX)
         fresh = load(cluster.name)
         running = set(running_nodes(fresh))
-        todo = [n for n in names if n not in running or fresh.node(n).address == cluster.node(n).address]
+        # A node running again under a new pid (rebooted, or replaced by the other) is not lost any more.
+        todo = [n for n in names if n not in running or (fresh.node(n).address == cluster.node(n).address
+                                                         and fresh.processes.get(n) == cluster.processes.get(n))]
         return _replace(fresh, todo) if todo else (fresh, {})
 
 
@@ -276,18 +389,29 @@ def _replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, lis
         for n in every:
             if len(parts) >= 3 and n.address in parts[0].split(",") and n.name not in names:
                 keys[n.name].append(f"{parts[1]} {parts[2]}")
-    user_pub = (d / "id_ed25519.pub").read_text() + (d / "node_ed25519.pub").read_text()
+    public_keys = [k for k in ((d / "id_ed25519.pub").read_text() + (d / "node_ed25519.pub").read_text()).splitlines()
+                   if k.strip()]
     pids = dict(cluster.processes)
     taken = set(cluster.rehearsal.addresses_used) | {n.address for n in every}  # the head node's too
     addresses = {n.name: n.address for n in cluster.nodes}
+    instances = imds.load_instances((d / services_.INSTANCES).read_text())
+    netw = dataclasses.replace(netw, services=plan.services_net(str(d.resolve()), info.subnet))
+    workers = sum(1 for n in cluster.nodes if n.role == "worker")
     for name in names:
         net = netw.node(name)
         nodes_.remove_node_net(net.netns, net.veth)
+        nodes_.remove_cgroup(net.netns)
+        with _RECORD_LOCK:
+            instances.pop(net.address, None)
+            instances.pop(cluster.node(name).address, None)
         addresses[name] = plan.replacement_address(cluster.rehearsal.subnet, taken)
         taken.add(addresses[name])
         node = cluster.node(name)
-        b = _boot_node(d, netw, name, layers, Path(cluster.rehearsal.shared_host), user_pub, addresses[name],
-                       slurm_role=(cluster.head.address, node.role, node.cpus) if cluster.head else None)
+        user_data = _user_data(cluster.name, node.role, head_address=cluster.head.address if cluster.head else None,
+                               secret_arn=info.secret or None, cpus=node.cpus, workers=workers,
+                               reducers=len(cluster.nodes) - workers, storage=info.storage)
+        b = _boot_node(d, netw, name, layers, services_.storage_files(d, info.storage), instances, user_data=user_data,
+                       public_keys=public_keys, address=addresses[name])
         keys[name], pids[name] = b.host_keys, b.pid
     new = cluster.model_copy(update={
         "processes": pids,

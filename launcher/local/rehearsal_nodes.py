@@ -72,19 +72,63 @@ class Booted:
     host_keys: list[str]
 
 
-def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, shared: Path, authorized_key: str,
-         timeout_s: float = 30.0, *, files: dict[str, tuple[bytes, int]] | None = None,
-         services: tuple[str, ...] = ()) -> Booted:
-    """Boot one node in its namespace and wait until its sshd answers; its host keys from what it printed.
-    ``files``: path on the node -> (content, mode), put in place before it boots, as a node's user data fetches them
-    from the cluster's side (the munge key, the controller's slurm.conf); ``services``: daemons it starts."""
+def cgroup_root() -> Path:
+    """Where this machine's cgroup2 hierarchy is mounted (/sys/fs/cgroup on a unified host; /sys/fs/cgroup/unified
+    beside cgroup v1 controllers)."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    raise LaunchError("rehearsal nodes need a cgroup2 hierarchy on this machine (mount -t cgroup2 none "
+                      "/sys/fs/cgroup/unified) for their systemd; none is mounted")
+
+
+def node_cgroup(netns: str) -> Path:
+    return cgroup_root() / plan.CGROUP_PARENT / netns
+
+
+def remove_cgroup(netns: str, timeout_s: float = 5.0) -> None:
+    """Remove a stopped node's cgroup and the ones its systemd made under it, deepest first."""
+    with contextlib.suppress(LaunchError):
+        top = node_cgroup(netns)
+        deadline = time.monotonic() + timeout_s
+        while top.exists() and time.monotonic() < deadline:
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            with contextlib.suppress(OSError):
+                top.rmdir()
+            if top.exists():
+                time.sleep(0.1)
+
+
+def remove_cgroup_parent() -> None:
+    with contextlib.suppress(LaunchError, OSError):
+        (cgroup_root() / plan.CGROUP_PARENT).rmdir()
+
+
+def init_pid(pid: int) -> int | None:
+    """The node's PID 1 (systemd) as this machine numbers it: unshare's one child."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+    return None
+
+
+def node_file(pid: int, path: str) -> Path | None:
+    """A file as the running node sees it (its mount namespace's root, through /proc)."""
+    init = init_pid(pid)
+    return Path(f"/proc/{init}/root{path}") if init else None
+
+
+def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, timeout_s: float = 60.0, *,
+         files: dict[str, tuple[bytes, int]] | None = None, first: bool = True) -> Booted:
+    """Boot one node in its namespace and wait until cloud-init has finished and its sshd answers; its host keys
+    from what cloud-init printed on its console. ``files``: path on the node -> (content, mode), put on its disk
+    before the first boot (the seed cloud-init reads: launcher/plans/rehearsal.py, seed_files). ``first``: False
+    boots the same disk again (a reboot): cloud-init does not run the user data again, and prints no keys."""
     upper, work, merged = node_dir / "upper", node_dir / "work", node_dir / "merged"
     for d in (upper, work, merged):
         d.mkdir(parents=True, exist_ok=True)
-    ssh = upper / "root/.ssh"
-    ssh.mkdir(parents=True, mode=0o700, exist_ok=True)
-    (ssh / "authorized_keys").write_text(authorized_key)  # as EC2 puts the launch's key pair (cloud-init)
-    (ssh / "authorized_keys").chmod(0o600)
     for path, (content, mode) in (files or {}).items():
         target = upper / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -92,25 +136,42 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, sh
         target.chmod(mode)
     script = node_dir / "boot.sh"
     script.write_text(plan.boot_script(node=node, lowerdirs=layers.lowerdirs(), upper=str(upper), work=str(work),
-                                       merged=str(merged), shared=str(shared), services=services))
+                                       merged=str(merged)))
+    cgroup = node_cgroup(netns)
+    cgroup.mkdir(parents=True, exist_ok=True)
     console = node_dir / "console.log"
-    with open(console, "wb") as out:
-        proc = subprocess.Popen(["ip", "netns", "exec", netns, "unshare", "--mount", "--uts", "--ipc", "--pid",
-                                 "--fork", "--kill-child", "--", "bash", str(script)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    with open(console, "ab") as out:
+        start = out.tell()
+        proc = subprocess.Popen(plan.boot_command(netns, str(cgroup), str(script)), stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     (node_dir / "unshare.pid").write_text(f"{proc.pid}\n")  # before waiting: a crash mid-boot still finds it
     deadline = time.monotonic() + timeout_s
+    result = None
     while time.monotonic() < deadline:
-        text = console.read_text(errors="replace")
         if proc.poll() is not None:
+            text = console.read_bytes()[start:].decode(errors="replace")
             raise LaunchError(f"{node} did not boot: {plan.last_lines(text)} (console: {console})")
-        if plan.sshd_listening(text) and _banner(address):
-            from launcher.cluster.aws.access import host_keys_from_console
-            return Booted(proc.pid, host_keys_from_console(text))
+        if result is None:
+            f = node_file(proc.pid, plan.CLOUD_RESULT)
+            with contextlib.suppress(OSError, ValueError):
+                result = json.loads(f.read_text()) if f else None
+        if result is not None:
+            failure = plan.cloud_failure(result)
+            if failure:
+                out = upper / plan.CLOUD_OUTPUT_LOG.lstrip("/")
+                tail = plan.last_lines(out.read_text(errors="replace"), 3) if out.exists() else "(no output)"
+                stop(proc.pid)
+                raise LaunchError(f"{node}'s user data failed: {tail}; cloud-init status: error ({failure}); "
+                                  f"output: {out}")
+            if _banner(address):
+                from launcher.cluster.aws.access import host_keys_from_console
+                text = console.read_bytes()[start:].decode(errors="replace")
+                return Booted(proc.pid, host_keys_from_console(text) if first else [])
         time.sleep(0.1)
     stop(proc.pid)
-    raise LaunchError(f"{node} did not answer on {address}:22 within {timeout_s:.0f} s; console: {console}")
+    raise LaunchError(f"{node} did not finish booting within {timeout_s:.0f} s (cloud-init "
+                      f"{'done' if result is not None else 'not done'}, ssh on {address}:22 "
+                      f"{'answering' if _banner(address) else 'not answering'}); console: {console}")
 
 
 def _banner(address: str) -> bool:
@@ -128,7 +189,25 @@ def is_ours(pid: int, netns: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
-    return "unshare" in cmdline and "boot.sh" in cmdline and (netns in cmdline or "--kill-child" in cmdline)
+    return "unshare" in cmdline and "boot.sh" in cmdline and "--kill-child" in cmdline
+
+
+def shutdown(pid: int, timeout_s: float = 30.0) -> None:
+    """Shut a node down as `systemctl poweroff` does (SIGRTMIN+4 to its systemd: "Enters poweroff.target",
+    systemd(1), Signals), every unit stopped in order; what has not ended in ``timeout_s`` is killed."""
+    init = init_pid(pid)
+    if init:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(init, signal.SIGRTMIN + 4)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        if not Path(f"/proc/{pid}").exists():
+            return
+        time.sleep(0.1)
+    stop(pid)
 
 
 def stop(pid: int, timeout_s: float = 5.0) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import re
 import shlex
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from launcher.errors import LaunchError
 SWITCH = "SCALETRAIN_REHEARSAL"          # the one switch the component scripts honour
 STANDIN = "openmpi.sh"                   # ami/rehearsal/: Open MPI where the EFA installer puts it
 STANDIN_AFTER = "efa"                    # ... run where the efa component runs in the recipe
+INSTANCE = "instance.sh"                 # ami/rehearsal/: what the Ubuntu AMI is and minbase is not
 PROJECT_COMPONENT = "scaletrain"         # the project's own layer, rebuilt when the source changes
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -44,6 +44,17 @@ NODE_WORKDIR = f"{NODE_HOME}/scaletrain"
 NODE_STATE = f"{NODE_HOME}/.scaletrain/cluster"  # the nodes' ssh files, as discovery's NODE_STATE on AWS
 NODE_INTERFACE = "eth0"
 DEFAULT_SUBNET = "10.213.0.0/24"     # the first free 10.213.N.0/24 is taken when --subnet is not given
+SERVICES = "services"                    # the services namespace's name
+STORAGE = "storage"                      # the storage host's
+STORAGE_EXPORT = "/"                     # what it serves: the shared directory, its sftp root (ChrootDirectory)
+AWS_CONFIG = "/etc/scaletrain/rehearsal-aws-config"  # read by the rehearsal's AWS CLI (ami/components/aws-cli.sh)
+STORAGE_KEY = "/root/.ssh/storage_ed25519"          # the node's key for it, and its pinned host key
+STORAGE_KNOWN_HOSTS = "/root/.ssh/storage_known_hosts"
+IMDS_ADDRESS = "169.254.169.254"         # as on every EC2 instance
+IMDS_PORT = 80
+ACCOUNT_PORT = 5000                      # the moto server standing in for the AWS account
+REGION = "us-east-1"                     # the account's region and the nodes' zone, as IMDS reports them
+ZONE = "us-east-1a"
 SCRIPT_DIR = paths.SCRIPT_DIR            # where the image keeps its component scripts
 BUILD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -63,7 +74,7 @@ def build_steps(versions: render.Versions, *, horovod_wheel: str | None = None) 
     wheel built from the same source with the same patch (scripts/build-horovod.sh), so that the build does not
     compile Horovod again. A recipe without the project's component gives no project step: nodes without the
     trainer, as the image would be."""
-    system: list[Step] = []
+    system: list[Step] = [Step(INSTANCE, "rehearsal", {SWITCH: "1"})]
     project: Step | None = None
     for component in render.components_for(versions, "ubuntu"):
         if "build" not in component.phases:  # the image test runs on a launched instance, not in the build
@@ -123,6 +134,8 @@ class Network:
     gateway: str                             # the bridge's address: how the launcher reaches the nodes
     prefixlen: int
     nodes: list[NodeNet]
+    services: NodeNet | None = None          # the instance's world: IMDS and the account's stand-in
+    storage: NodeNet | None = None           # the storage host: the nodes' shared file system's server
 
     def node(self, name: str) -> NodeNet:
         return next(n for n in self.nodes if n.name == name)
@@ -159,12 +172,28 @@ def network(key: str, names: list[str], subnet: str = DEFAULT_SUBNET) -> Network
     ``key``: what makes the cluster unique on this machine (its state directory), for interface names."""
     net = parse_subnet(subnet)
     hosts = list(net.hosts())
-    if len(names) + 1 > len(hosts):
-        raise LaunchError(f"--subnet {subnet} has room for {len(hosts) - 1} nodes, not {len(names)}; "
+    if len(names) + 3 > len(hosts):  # the gateway first, the storage host and the services last
+        raise LaunchError(f"--subnet {subnet} has room for {len(hosts) - 3} nodes, not {len(names)}; "
                           f"choose a larger one")
     t = tag(key)
     nodes = [NodeNet(name, f"st-{t}-{name}", f"st{t}v{i}", str(hosts[i + 1])) for i, name in enumerate(names)]
-    return Network(f"st{t}br", str(net), str(hosts[0]), net.prefixlen, nodes)
+    return Network(f"st{t}br", str(net), str(hosts[0]), net.prefixlen, nodes, services_net(key, subnet),
+                   storage_net(key, subnet))
+
+
+def services_net(key: str, subnet: str) -> NodeNet:
+    """The namespace serving what an EC2 instance reaches besides its peers: IMDS at 169.254.169.254 and the
+    account's APIs (a moto server). It takes the subnet's last address, which no node is ever given."""
+    net = parse_subnet(subnet)
+    t = tag(key)
+    return NodeNet(SERVICES, f"st-{t}-{SERVICES}", f"st{t}vs", str(list(net.hosts())[-1]))
+
+
+def storage_net(key: str, subnet: str) -> NodeNet:
+    """The storage host's namespace (the file server FSx for Lustre is on AWS): the subnet's last address but one."""
+    net = parse_subnet(subnet)
+    t = tag(key)
+    return NodeNet(STORAGE, f"st-{t}-{STORAGE}", f"st{t}vf", str(list(net.hosts())[-2]))
 
 
 def replacement_address(subnet: str, taken: set[str]) -> str:
@@ -172,7 +201,7 @@ def replacement_address(subnet: str, taken: set[str]) -> str:
     Scaling replacement is a new instance with a new private address, and the other nodes must learn it from the
     rewritten ssh_config and known_hosts, not find the old one answering (nor an old ARP entry pointing nowhere)."""
     net = parse_subnet(subnet)
-    for host in list(net.hosts())[1:]:
+    for host in list(net.hosts())[1:-2]:  # the last two are the storage host's and the services' (storage_net)
         if str(host) not in taken:
             return str(host)
     raise LaunchError(f"--subnet {subnet} has no address left for a replacement; bring the cluster up again "
@@ -210,7 +239,46 @@ def node_net_commands(netw: Network, node: NodeNet) -> list[list[str]]:
             ["ip", "link", "set", node.veth, "master", netw.bridge, "up"],
             [*ns, "addr", "add", f"{node.address}/{netw.prefixlen}", "dev", NODE_INTERFACE],
             [*ns, "link", "set", NODE_INTERFACE, "up"],
-            [*ns, "link", "set", "lo", "up"]]
+            [*ns, "link", "set", "lo", "up"],
+            # IMDS is on-link from every instance (169.254.169.254, link-local); here the services namespace holds
+            # that address on the same bridge and answers ARP for it.
+            [*ns, "route", "add", f"{IMDS_ADDRESS}/32", "dev", NODE_INTERFACE]]
+
+
+def services_net_commands(netw: Network) -> list[list[str]]:
+    """The services namespace: a node's network, plus IMDS's address on its interface."""
+    assert netw.services is not None
+    ns = ["ip", "-n", netw.services.netns]
+    return [*node_net_commands(netw, netw.services)[:-1],
+            [*ns, "addr", "add", f"{IMDS_ADDRESS}/32", "dev", NODE_INTERFACE]]
+
+
+def storage_mount(server: str) -> dict:
+    """The rehearsal's storage, in the shape :func:`launcher.plans.storage.fstab_line` takes (the one named
+    difference for storage: sshfs from the storage host where AWS mounts FSx for Lustre)."""
+    return {"type": "sshfs", "server": server, "path": STORAGE_EXPORT, "mount_point": SHARED_MOUNT,
+            "identity_file": STORAGE_KEY, "known_hosts_file": STORAGE_KNOWN_HOSTS}
+
+
+def storage_sshd_config(*, address: str, host_key: str, authorized_keys: str, pid_file: str, export: str) -> str:
+    """The storage host's sshd: SFTP only, into the exported directory (ChrootDirectory: "all components of the
+    pathname must be root-owned directories that are not writable by any other user or group", sshd_config(5)),
+    keys only, for root (the nodes' boot mounts as root)."""
+    return "\n".join([
+        f"ListenAddress {address}:22", f"HostKey {host_key}", f"PidFile {pid_file}",
+        f"AuthorizedKeysFile {authorized_keys}", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no", "UsePAM no", "AllowTcpForwarding no", "X11Forwarding no",
+        "Subsystem sftp internal-sftp", "ForceCommand internal-sftp", f"ChrootDirectory {export}",
+        "MaxSessions 64", "MaxStartups 200:30:400", ""])
+
+
+def aws_config(endpoint: str, region: str) -> str:
+    """The AWS CLI's configuration on a rehearsal node (:data:`AWS_CONFIG`): the one named difference for the
+    account. Every call the boot and the epilog make goes to ``endpoint`` (the moto server standing in for the
+    account) through the CLI's own setting ("endpoint_url", https://docs.aws.amazon.com/sdkref/latest/guide/
+    feature-ss-endpoints.html), with the role's credentials from IMDS, as on EC2. On AWS the nodes have no
+    configuration at all."""
+    return f"[default]\nregion = {region}\nendpoint_url = {endpoint}\n"
 
 
 # -- a node's boot ----------------------------------------------------------------------------------------------------
@@ -219,14 +287,22 @@ HOST_KEYS_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"   # what cloud-init prints
 HOST_KEYS_END = "-----END SSH HOST KEY KEYS-----"
 
 
-def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merged: str, shared: str,
-                services: tuple[str, ...] = ()) -> str:
-    """The node's first process, run as pid 1 of new mount, UTS, IPC and PID namespaces inside its network
-    namespace: mount its root (an overlay of the built layers with the node's own upper directory) and the shared
-    directory, pivot into it so nothing else of the launcher's machine is reachable, take its hostname, make its
-    host keys and print them between cloud-init's markers (the launcher pins them from this output, as it does
-    from an EC2 console), start ``services`` (each a command that daemonizes: munge and Slurm's daemon,
-    launcher/plans/slurm.py), then become sshd. Killing it ends every process of the node at once."""
+CGROUP_PARENT = "scaletrain"             # the nodes' cgroups, under this machine's cgroup2 hierarchy
+CLOUD_RESULT = "/run/cloud-init/result.json"   # written by cloud-init's final stage at every boot
+CLOUD_OUTPUT_LOG = "/var/log/cloud-init-output.log"  # the user data's output (Ubuntu's and Debian's cloud.cfg)
+SEED_DIR = "/var/lib/cloud/seed/nocloud"
+
+
+def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merged: str) -> str:
+    """The node's first process, run as PID 1 of new mount, UTS, IPC, PID and cgroup namespaces inside its network
+    namespace: mount its root (an overlay of the built layers with the node's own upper directory, its disk), the
+    kernel's file systems an instance has (proc, sysfs, cgroup2 at /sys/fs/cgroup as on Ubuntu 22.04, a /dev with
+    the node's console), take its host name as EC2's DHCP gives one, pivot into the root so nothing else of the
+    launcher's machine is reachable, and become systemd, the image's init. Everything after that is the image's
+    own boot: systemd starts cloud-init, which runs the instance's user data once (its seed: :func:`seed_files`)
+    and prints the host keys on the console, where the launcher pins them as it does from an EC2 console; the
+    units the user data enabled come back at every later boot. Killing it ends every process of the node at once.
+    Nothing of this machine is bound in: the node's own boot mounts the shared storage from the storage host."""
     q = shlex.quote
     lower = ":".join(lowerdirs)
     return "\n".join([
@@ -234,27 +310,22 @@ def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merge
         "set -euo pipefail",
         "mount --make-rprivate /",
         f"mount -t overlay overlay -o lowerdir={lower},upperdir={upper},workdir={work} {q(merged)}",
-        f"install -d {q(merged + SHARED_MOUNT)}",
-        f"mount --bind {q(shared)} {q(merged + SHARED_MOUNT)}",
         f"mount -t proc proc {q(merged + '/proc')}",
-        f"mount -t sysfs sysfs {q(merged + '/sys')}",
-        # slurmd initializes its cgroup plugin even with proctrack/linuxproc and task/none, and fails with "No
-        # filesystem mounted on /sys/fs/cgroup" (`ip netns exec` gives the node a fresh sysfs without this
-        # machine's cgroup mounts). A tmpfs there with a v1 systemd hierarchy under it is what Slurm's autodetection
-        # takes for cgroup v1, whose plugin then needs no controller for those two plugins.
-        *([f"mount -t tmpfs -o mode=0755 cgroup {q(merged + '/sys/fs/cgroup')}",
-           f"install -d {q(merged + '/sys/fs/cgroup/systemd')}",
-           f"mount -t cgroup -o none,name=systemd cgroup {q(merged + '/sys/fs/cgroup/systemd')}"]
-          if services else []),
+        f"mount -t sysfs -o ro sysfs {q(merged + '/sys')}",
+        # This process was put in the node's own cgroup before it unshared its cgroup namespace, so cgroup2 mounted
+        # here shows that cgroup as the root: systemd and slurmd see a cgroup v2 host of their own, as on Ubuntu
+        # 22.04 ("unified hierarchy"; cgroup_namespaces(7)).
+        f"mount -t cgroup2 cgroup2 {q(merged + '/sys/fs/cgroup')}",
         f"mount -t tmpfs -o mode=0755,size=64k tmpfs {q(merged + '/dev')}",
         *(f"touch {q(merged + '/dev/' + d)} && mount --bind /dev/{d} {q(merged + '/dev/' + d)}"
-          for d in ("null", "zero", "full", "random", "urandom", "tty")),
+          for d in ("null", "zero", "full", "random", "urandom", "tty", "fuse")),
+        # The console: what the node's systemd and cloud-init write there lands in the node's console log (this
+        # process's standard output), as an EC2 instance's serial console does in GetConsoleOutput.
+        f"touch {q(merged + '/dev/console')} && mount --bind /proc/self/fd/1 {q(merged + '/dev/console')}",
         f"install -d {q(merged + '/dev/pts')} {q(merged + '/dev/shm')}",
         f"mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts {q(merged + '/dev/pts')}",
         f"ln -s pts/ptmx {q(merged + '/dev/ptmx')}",
         f"mount -t tmpfs -o mode=1777 tmpfs {q(merged + '/dev/shm')}",
-        f"mount -t tmpfs -o mode=0755 tmpfs {q(merged + '/run')}",
-        f"mount -t tmpfs -o mode=1777 tmpfs {q(merged + '/tmp')}",
         f"hostname {q(node)}",
         f"cd {q(merged)}",
         "install -d .oldroot",
@@ -262,26 +333,43 @@ def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merge
         "cd /",
         "umount -l /.oldroot",
         "rmdir /.oldroot",
-        f"echo {q(node)} > /etc/hostname",
-        "export PATH=/usr/sbin:/usr/bin:/sbin:/bin",
-        # A node's host keys are its own, made at its first boot: cloud-init deletes any the image carries and makes
-        # new ones (cc_ssh, ``ssh_deletekeys``: "prevents re-use of a private host key from an image with keys",
-        # https://cloudinit.readthedocs.io/en/latest/reference/modules.html#ssh). Debian's openssh-server package
-        # made a set when the root was built; without this every node would present the same keys.
-        "test -e /etc/ssh/.scaletrain-node-keys || rm -f /etc/ssh/ssh_host_*",
-        "ssh-keygen -A >/dev/null",
-        "touch /etc/ssh/.scaletrain-node-keys",
-        f"echo {q(HOST_KEYS_BEGIN)}",
-        "cat /etc/ssh/ssh_host_ed25519_key.pub /etc/ssh/ssh_host_ecdsa_key.pub",
-        f"echo {q(HOST_KEYS_END)}",
-        *services,
-        "install -d -m 0755 /run/sshd",
-        "exec /usr/sbin/sshd -D -e",
+        # systemd's interface for containers: `container` names the manager (systemd's CONTAINER_INTERFACE).
+        "exec env -i container=scaletrain-rehearsal /sbin/init",
         ""])
 
 
-def sshd_listening(log: str) -> bool:
-    return re.search(r"Server listening on \S+ port 22", log) is not None
+def boot_command(netns: str, cgroup: str, script: str) -> list[str]:
+    """What this machine runs to boot a node: move into the node's cgroup (first: `ip netns exec` remounts /sys,
+    where this machine's cgroup2 hierarchy is no longer mounted), then into its network namespace, then unshare the
+    rest (the cgroup namespace among them, so its root is the node's cgroup) and run :func:`boot_script`."""
+    inner = shlex.join(["ip", "netns", "exec", netns, "unshare", "--cgroup", "--mount", "--uts", "--ipc", "--pid",
+                        "--fork", "--kill-child", "--", "bash", script])
+    return ["bash", "-c", f"echo $$ > {shlex.quote(cgroup + '/cgroup.procs')} && exec {inner}"]
+
+
+def seed_files(*, instance_id: str, hostname: str, user_data: str,
+               public_keys: list[str]) -> dict[str, tuple[bytes, int]]:
+    """NoCloud's seed on the node's disk, read by cloud-init at the first boot as the Ec2 datasource reads IMDS on
+    EC2: the instance id (cloud-init runs per-instance modules, the user data among them, once per id), the host
+    name, the key pair's public keys (installed in authorized_keys by cloud-init's ssh module) and the user data
+    (https://cloudinit.readthedocs.io/en/22.4/topics/datasources/nocloud.html)."""
+    import json
+
+    meta = "\n".join([f"instance-id: {json.dumps(instance_id)}", f"local-hostname: {json.dumps(hostname)}",
+                      "public-keys:", *(f"  - {json.dumps(k.strip())}" for k in public_keys if k.strip()), ""])
+    return {f"{SEED_DIR}/meta-data": (meta.encode(), 0o600), f"{SEED_DIR}/user-data": (user_data.encode(), 0o600)}
+
+
+def instance_id(cluster_key: str, node: str, address: str) -> str:
+    """An instance id of EC2's form (i- and 17 hex digits), new for every boot from the image (a replacement is a
+    new instance) and stable for a node's life (a reboot keeps it)."""
+    return "i-" + hashlib.sha256(f"{cluster_key}\0{node}\0{address}".encode()).hexdigest()[:17]
+
+
+def cloud_failure(result: dict) -> str | None:
+    """What cloud-init's final result (result.json: {"v1": {"errors": [...]}}) says went wrong, or None."""
+    errors = (result.get("v1") or {}).get("errors") or []
+    return "; ".join(str(e) for e in errors) or None
 
 
 def root_required(euid: int) -> None:

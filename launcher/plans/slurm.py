@@ -19,7 +19,10 @@ from dataclasses import dataclass
 
 # The units and their environment files; REHEARSAL_SLURM and the paths re-exported for the boots' callers.
 from launcher.plans.slurm_units import (  # noqa: F401
+    CGROUP_CONF,
+    CGROUP_PLUGIN,
     CONF_PATH,
+    REHEARSAL_CGROUP_PLUGIN,
     REHEARSAL_SLURM,
     SLURMCTLD_ENV,
     SLURMCTLD_SERVICE,
@@ -28,6 +31,7 @@ from launcher.plans.slurm_units import (  # noqa: F401
     SLURMD_SERVICE,
     SLURMD_START_WAIT_S,
     SLURMD_UNIT,
+    cgroup_conf,
     enable_commands,
     environment_file,
     units,
@@ -104,11 +108,10 @@ def slurm_conf(c: SlurmCluster) -> str:
         f"SlurmdLogFile={LOG_DIR}/slurmd.log",
         "SlurmctldPidFile=/run/slurmctld.pid",
         "SlurmdPidFile=/run/slurmd.pid",
-        # Processes are tracked by parent pid and tasks are not bound, on AWS as on a rehearsal node. A rehearsal node
-        # may run slurmd outside systemd, in namespaces with a bare cgroup v1 mount and no delegated tree
-        # (launcher/plans/rehearsal.py, boot_script), where proctrack/cgroup and task/cgroup cannot work; a job's
-        # ranks are mpirun's children (plm slurm starts its daemons through srun) and mpirun binds them itself.
-        # slurmd loads its cgroup plugin all the same (slurmd.c, cgroup_g_init): see slurm_units.CGROUP_PLUGIN.
+        # Processes are tracked by parent pid and tasks are not bound, on AWS as on a rehearsal node, whose cgroup
+        # tree has no controllers to constrain with (its machine's are bound to cgroup v1); a job's ranks are
+        # mpirun's children (plm slurm starts its daemons through srun) and mpirun binds them itself. slurmd loads
+        # its cgroup plugin all the same (slurmd.c, cgroup_g_init): see slurm_units.CGROUP_PLUGIN.
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "MpiDefault=none",

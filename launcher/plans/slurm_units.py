@@ -40,6 +40,20 @@ SLURMD_START_WAIT_S = 600         # how long the first boot waits for slurmd to 
 # proctrack/linuxproc and task/none too, so the image must have the plugin (ami/components/slurm.sh builds it, with
 # dbus) and slurmd must run in a unit with Delegate=yes (cgroup_v2.c, init: "Systemd MUST have Delegated it to us").
 CGROUP_PLUGIN = "autodetect"
+CGROUP_CONF = "/etc/slurm/cgroup.conf"        # beside slurm.conf on the head node; configless nodes fetch it too
+# Rehearsal nodes only: the machine they run on may mount cgroup v1 controllers beside its cgroup2 hierarchy (the
+# development machine does), and every process on it then lists those in /proc/self/cgroup, whatever its namespaces;
+# Slurm 22.05's cgroup/v2 plugin refuses that at init ("Hybrid mode is not supported", cgroup_v2.c,
+# _get_self_cgroup_path), while cgroup/v1 loads and, with proctrack/linuxproc and task/none, touches no controller.
+# The one named difference of the rehearsal's Slurm from the stack's: on AWS there is no cgroup.conf.
+REHEARSAL_CGROUP_PLUGIN = "cgroup/v1"
+
+
+def cgroup_conf(plugin: str) -> str | None:
+    """cgroup.conf for ``plugin``, or None where Slurm's default (autodetect) is wanted: no file at all."""
+    if plugin == CGROUP_PLUGIN:
+        return None
+    return f"# Rendered by launcher/plans/slurm_units.py (cgroup_conf).\nCgroupPlugin={plugin}\n"
 
 
 def release(version: str) -> tuple[int, int]:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
 
-__all__ = ["Phase", "beegfs_plan", "fsx_plan", "render_plan", "resolve_roles", "storage_plan"]
+__all__ = ["Phase", "beegfs_plan", "boot_mount_commands", "fstab_line", "fsx_plan", "render_plan", "resolve_roles",
+           "storage_plan"]
 
 BEEGFS_SBIN = "/opt/beegfs/sbin"
 CONN_AUTH_FILE = "/etc/beegfs/connauthfile"
@@ -169,3 +170,57 @@ def head_storage_plan(c: Cluster, *, secret: str) -> list[Phase]:
     with_head = {**mount, "roles": {**roles, "client": [*roles["client"], "reducer:*"]}}
     phases = beegfs_plan(with_head, c.workers, [*c.reducers, head], secret=secret)
     return [Phase(p.name, {head.name: p.scripts[head.name]}) for p in phases if head.name in p.scripts]
+
+
+# -- the mount a node's own boot makes -------------------------------------------------------------------------------
+
+# FSx for Lustre, mounted at every boot from /etc/fstab, as AWS documents it: "file_system_dns_name@tcp:/mountname
+# /fsx lustre defaults,relatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0"
+# (https://docs.aws.amazon.com/fsx/latest/LustreGuide/mount-fs-auto-mount-onreboot.html). x-systemd.automount is
+# left out: slurmd must not start before the file system is there (the units order after remote-fs.target, which a
+# _netdev mount is part of), and an automount point is "there" before the server answers; so is
+# x-systemd.requires=network.service, a unit Ubuntu 22.04 does not have (_netdev orders the mount after the network).
+FSX_FSTAB_OPTIONS = "defaults,relatime,flock,_netdev"
+# Rehearsal nodes: this kernel has no Lustre (nor NFS) client, and FUSE's sshfs stands in, served by the local
+# cluster's storage host. Coherence as Lustre gives it across nodes: no attribute, entry or directory caching
+# (libfuse's attr_timeout/entry_timeout/negative_timeout, sshfs's dir_cache), so a file one node renames into place
+# is what another node reads next; reconnect and keep-alives as a network file system needs; allow_other, since
+# jobs run as other users than the one that mounted it.
+SSHFS_FSTAB_OPTIONS = ("_netdev,allow_other,reconnect,ServerAliveInterval=5,ServerAliveCountMax=3,dir_cache=no,"
+                       "attr_timeout=0,entry_timeout=0,negative_timeout=0,StrictHostKeyChecking=yes,"
+                       "BatchMode=yes")
+MOUNT_TRIES, MOUNT_RETRY_S = 30, 2   # a new file system's DNS name, or the server, may lag the first boot
+
+
+def fstab_line(storage: dict) -> str:
+    """The /etc/fstab line of the nodes' shared storage: ``storage`` is the StorageMount output's fsx fields
+    (type fsx: dns_name, mount_name, mount_point) or the rehearsal's storage host (type sshfs: server, path,
+    mount_point, identity_file, known_hosts_file)."""
+    point = storage["mount_point"]
+    if storage["type"] == "fsx":
+        return f"{storage['dns_name']}@tcp:/{storage['mount_name']} {point} lustre {FSX_FSTAB_OPTIONS} 0 0"
+    if storage["type"] == "sshfs":
+        options = (f"{SSHFS_FSTAB_OPTIONS},IdentityFile={storage['identity_file']},"
+                   f"UserKnownHostsFile={storage['known_hosts_file']}")
+        return f"root@{storage['server']}:{storage['path']} {point} fuse.sshfs {options} 0 0"
+    raise LaunchError(f"storage type {storage['type']!r} is not mounted by a node's boot; fsx or sshfs are")
+
+
+def boot_mount_commands(storage: dict) -> list[str]:
+    """What a node's boot runs to mount the shared storage itself, before its Slurm daemon starts: the fstab line
+    (so every later boot mounts it too, before remote-fs.target), then the mount, retried for a while, and the
+    project's directory on it. A replacement instance runs the same, so it has the storage before it takes a job."""
+    line = fstab_line(storage)
+    point = storage["mount_point"]
+    return [
+        f"install -d {shlex.quote(point)}",
+        f"grep -qsF {shlex.quote(line)} /etc/fstab || echo {shlex.quote(line)} >> /etc/fstab",
+        "tries=0",
+        f"until mountpoint -q {shlex.quote(point)} || mount {shlex.quote(point)}; do",
+        f'  tries=$((tries + 1)); if [ "$tries" -ge {MOUNT_TRIES} ]; then',
+        f'    echo "scaletrain: could not mount {point}" >&2; exit 1',
+        "  fi",
+        f"  sleep {MOUNT_RETRY_S}",
+        "done",
+        f"install -d -m 1777 {shlex.quote(point + '/scaletrain')}",
+    ]
