@@ -16,17 +16,17 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from launcher.doctor.busbw import parse_bus_bandwidth, parse_largest_busbw
-from launcher.doctor.probes import (  # re-exported: the gathering side, callers read it from here
-    _MARK as _MARK,
-    HOROVOD_BUILD_PY as HOROVOD_BUILD_PY,
-    HOROVOD_BUILD_TOOL as HOROVOD_BUILD_TOOL,
+from launcher.doctor.probes import (  # noqa: F401 (the gathering side, launcher/doctor/probes.py: re-exported)
+    _MARK,
+    HOROVOD_BUILD_PY,
+    HOROVOD_BUILD_TOOL,
     OFI_NCCL_DIRS,
     Probe,
-    _probe as _probe,
-    horovod_build_command as horovod_build_command,
-    parse_probes as parse_probes,
-    probe_commands as probe_commands,
-    probe_script as probe_script,
+    _probe,
+    horovod_build_command,
+    parse_probes,
+    probe_commands,
+    probe_script,
 )
 
 if TYPE_CHECKING:
