@@ -24,7 +24,7 @@ PURE = sorted({
     "launcher.cost", "launcher.cost.inputs", "launcher.cost.model", "launcher.cost.prices", "launcher.cost.report",
     "launcher.cost.workloads", "launcher.cost.shape",
     "launcher.cost.runcheck",
-    "launcher.doctor", "launcher.doctor.checks", "launcher.doctor.busbw",
+    "launcher.doctor", "launcher.doctor.checks", "launcher.doctor.busbw", "launcher.doctor.probes",
     "launcher.plans", *(f"launcher.plans.{p.stem}" for p in (ROOT / "launcher" / "plans").glob("*.py")
                         if p.stem != "__init__"),
 })

@@ -64,24 +64,32 @@ def test_cluster_name_is_lower_case_and_safe():
     assert slurm.cluster_name("My-Cluster.1") == "scaletrain_my_cluster_1"
 
 
+def _boot(role: str = "worker", cpus: int = 2, address: str = "10.213.0.2", health_check=None) -> list[str]:
+    return slurm.worker_boot_commands(slurm.REHEARSAL_SLURM, controller_addr="10.213.0.4", role=role, cpus=cpus,
+                                      address=address, health_check=health_check)
+
+
 def test_worker_registers_itself_with_the_controller():
-    cmds = slurm.worker_commands(controller_addr="10.213.0.4", role="worker", cpus=2, address="10.213.0.2")
-    slurmd = next(i for i, c in enumerate(cmds) if c.startswith("/usr/sbin/slurmd "))
-    assert cmds[slurmd] == ("/usr/sbin/slurmd -Z --conf-server 10.213.0.4:6817 "
-                            "--conf 'NodeAddr=10.213.0.2 CPUs=2 Feature=worker'")
-    munged = cmds.index("runuser -u munge -- /usr/sbin/munged")  # munged refuses to run as root
-    assert munged < slurmd
+    cmds = _boot()
+    options = slurm.environment_file("SLURMD_OPTIONS", slurm.slurmd_options(
+        controller_addr="10.213.0.4", role="worker", cpus=2, address="10.213.0.2"))
+    assert "-Z --conf-server 10.213.0.4:6817 --conf 'NodeAddr=10.213.0.2 CPUs=2 Feature=worker'" in options
+    env = next(i for i, c in enumerate(cmds) if slurm.SLURMD_ENV in c and "printf" in c)
+    slurmd = next(i for i, c in enumerate(cmds) if "enable --now" in c and slurm.SLURMD_SERVICE in c)
+    munge = next(i for i, c in enumerate(cmds) if "enable --now" in c and "munge.service" in c)
+    assert env < slurmd and munge < slurmd  # munged authenticates slurmd's registration
     # After registering, a replacement under a known name sets its own address and returns itself from DOWN.
-    rejoin = cmds[slurmd + 1:]
-    assert rejoin == slurm.rejoin_commands("10.213.0.2")
+    assert cmds[-2:] == slurm.rejoin_commands("10.213.0.2")
+    rejoin = cmds[-2:]
     assert "NodeAddr=10.213.0.2" in rejoin[0] and "State=RESUME" in rejoin[1]
-    reducer = slurm.worker_commands(controller_addr="10.0.0.1", role="reducer", cpus=4, address="10.0.0.9")
-    assert any("Feature=reducer" in c for c in reducer)
+    assert any("Feature=reducer" in c for c in _boot(role="reducer", cpus=4, address="10.0.0.9"))
 
 
 def test_controller_starts_munge_before_slurmctld():
-    cmds = slurm.controller_commands()
-    assert cmds.index("runuser -u munge -- /usr/sbin/munged") < cmds.index("/usr/sbin/slurmctld")
+    cmds = slurm.controller_boot_commands(slurm.REHEARSAL_SLURM)
+    munge = next(i for i, c in enumerate(cmds) if "enable --now" in c and "munge.service" in c)
+    ctld = next(i for i, c in enumerate(cmds) if "enable --now" in c and slurm.SLURMCTLD_SERVICE in c)
+    assert munge < ctld
 
 
 def test_a_jobs_locked_memory_limit_is_slurmds_not_the_submitters():
@@ -381,23 +389,19 @@ def test_a_node_writes_its_health_check_before_slurmd_starts():
     assert argv == ["/opt/scaletrain/venv/bin/python", "-m", "launcher.doctor.health", "--backend", "local",
                     "--python", "/opt/scaletrain/venv/bin/python", "--mpirun", "/opt/amazon/openmpi/bin/mpirun",
                     "--shared-mount", "/fsx"]
-    cmds = slurm.worker_commands(controller_addr="10.0.0.1", role="worker", cpus=2, address="10.0.0.2",
-                                 health_check=argv)
-    write = next(i for i, c in enumerate(cmds) if c.endswith(f"> {slurm.HEALTH_CHECK}"))
-    slurmd = next(i for i, c in enumerate(cmds) if c.startswith("/usr/sbin/slurmd "))
+    cmds = _boot(health_check=argv)
+    write = next(i for i, c in enumerate(cmds) if f"> {slurm.HEALTH_CHECK}" in c)
+    slurmd = next(i for i, c in enumerate(cmds) if "enable --now" in c and slurm.SLURMD_SERVICE in c)
     assert write < slurmd  # slurmd runs the check as it starts
     assert slurm.health_check_script(argv).splitlines()[-1] == "exec " + " ".join(argv)
-    without = slurm.worker_commands(controller_addr="10.0.0.1", role="worker", cpus=2, address="10.0.0.2")
-    assert not any(slurm.HEALTH_CHECK in c for c in without)
+    assert not any(slurm.HEALTH_CHECK in c for c in _boot())
 
 
 def test_the_health_check_script_written_by_the_boot_is_the_rendered_one(tmp_path):
     import subprocess
 
     argv = ["/usr/bin/python3", "-m", "launcher.doctor.health", "--shared-mount", "/fsx with space"]
-    cmds = slurm.worker_commands(controller_addr="10.0.0.1", role="worker", cpus=2, address="10.0.0.2",
-                                 health_check=argv)
-    write = next(c for c in cmds if c.endswith(f"> {slurm.HEALTH_CHECK}"))
+    write = next(c for c in _boot(health_check=argv) if f"> {slurm.HEALTH_CHECK}" in c)
     target = tmp_path / "healthcheck.sh"
     subprocess.run(["bash", "-c", write.replace(slurm.HEALTH_CHECK, str(target))], check=True)
     assert target.read_text() == slurm.health_check_script(argv)

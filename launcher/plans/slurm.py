@@ -153,25 +153,6 @@ def slurm_conf(c: SlurmCluster) -> str:
 # For a node whose first process is not systemd (a rehearsal node as launcher/local/rehearsal_cluster.py booted it):
 # nothing restarts these after a reboot. On a systemd host: controller_boot_commands, worker_boot_commands below.
 
-def munge_commands() -> list[str]:
-    """Start munged as user munge (it refuses to run as root), with the key the cluster side put in place. Without
-    systemd only: on a systemd host, munge_key_commands and munge.service (controller_boot_commands)."""
-    return [
-        f"chown munge:munge {MUNGE_KEY} && chmod 0400 {MUNGE_KEY}",
-        "install -d -o munge -g munge -m 0755 /run/munge",
-        "install -d -o munge -g munge -m 0700 /var/log/munge /var/lib/munge",
-        "runuser -u munge -- /usr/sbin/munged",
-    ]
-
-
-def controller_commands() -> list[str]:
-    """The head node without systemd: munge, then slurmctld (it daemonizes and drops to SlurmUser). On a systemd host:
-    :func:`controller_boot_commands`."""
-    return [*munge_commands(),
-            f"install -d -o slurm -g slurm -m 0755 {STATE_DIR} {LOG_DIR}",
-            "/usr/sbin/slurmctld"]
-
-
 def node_conf(*, role: str, cpus: int, address: str) -> str:
     """``slurmd --conf``: what a dynamic node says of itself (slurmd(8): "the same syntax and parameters used to
     define nodes in the slurm.conf"; NodeName is the host name)."""
@@ -215,19 +196,6 @@ def health_restored(node_fields: dict[str, str]) -> bool:
     """Should a node that passes its health check return to service: only when it drained itself for a failed
     check (its Reason is ours), never when an administrator drained it."""
     return "DRAIN" in node_fields.get("State", "") and node_fields.get("Reason", "").startswith(DRAIN_PREFIX)
-
-
-def worker_commands(*, controller_addr: str, role: str, cpus: int, address: str,
-                    health_check: list[str] | None = None) -> list[str]:
-    """A worker or reducer node without systemd: munge, then ``slurmd -Z`` registering with the controller and
-    fetching its configuration from it (slurmd(8), ``-Z``: "Start a dynamic node"; ``--conf-server``: "the
-    slurmctld to fetch the configuration from"). On a systemd host: :func:`worker_boot_commands`."""
-    return [*munge_commands(),
-            f"install -d -m 0755 {SPOOL_DIR} {LOG_DIR}",
-            *_health_check_commands(health_check),
-            "/usr/sbin/slurmd " + shlex.join(slurmd_options(controller_addr=controller_addr, role=role, cpus=cpus,
-                                                            address=address)),
-            *rejoin_commands(address)]
 
 
 def slurmd_options(*, controller_addr: str, role: str, cpus: int, address: str) -> list[str]:
