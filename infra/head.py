@@ -89,10 +89,13 @@ class HeadNode(Construct):
         root_volume_gib: int | None,
         munge_key: MungeKey,
         max_nodes: int,
+        storage: dict | None = None,
         after: Sequence[IConstruct] = (),
     ) -> None:
-        """``max_nodes``: slurm.conf's MaxNodeCount (:func:`infra.boot.max_nodes`); ``after``: what must exist before
-        it boots (the Secrets Manager endpoint it reads the key through)."""
+        """``max_nodes``: slurm.conf's MaxNodeCount (:func:`infra.boot.max_nodes`); ``storage``: the shared storage
+        its boot mounts from /etc/fstab before slurmctld starts (FSx's StorageMount, tokens and all; None: BeeGFS,
+        which the launcher mounts, or none), so the jobs' run directories are there; ``after``: what must exist
+        before it boots (the Secrets Manager endpoint it reads the key through)."""
         super().__init__(scope, construct_id)
         self.instance_type = catalog.get(HEAD_INSTANCE_TYPE)
         assert self.instance_type.gpus == 0, "the head node is a CPU type"
@@ -112,7 +115,11 @@ class HeadNode(Construct):
         )
 
         script = boot.head_script(
-            cluster_name=cluster_name, region=region, secret_id=munge_key.secret.secret_arn, max_nodes=max_nodes
+            cluster_name=cluster_name,
+            region=region,
+            secret_id=munge_key.secret.secret_arn,
+            max_nodes=max_nodes,
+            storage=storage,
         )
         self.launch_template = ec2.CfnLaunchTemplate(
             self,

@@ -22,7 +22,7 @@ from infra import boot, layout, ttl
 from infra.compute import TAG_CLUSTER, NodeGroup, NodeIdentity
 from infra.guard import CostGuard, IdleStop
 from infra.head import HeadNode, MungeKey
-from infra.layout import Interface
+from infra.layout import FSX_MOUNT_POINT, Interface
 from infra.network import Network
 from infra.security import NodeSecurity
 from infra.spec import ClusterSpec
@@ -105,6 +105,29 @@ class ClusterStack(Stack):
             checkpoint_prefix=spec.checkpoint_prefix,
             checkpoint_kms_key=spec.checkpoint_kms_key,
         )
+        # Shared storage before the instances: with FSx, every instance's boot (the head node's and each node's, an
+        # Auto Scaling replacement's too) mounts it from /etc/fstab before its Slurm daemon starts, so its user data
+        # holds the file system's DNS and mount names (Fn::GetAtt), and CloudFormation creates the file system first.
+        # BeeGFS lives on the workers' RAM disks and is set up by the launcher once they run (awsrun.prepare_storage).
+        storage_mount: dict[str, object] = {"type": spec.storage}
+        boot_storage: dict[str, object] | None = None  # what each instance's boot mounts itself
+        file_system: fsx.CfnFileSystem | None = None
+        if spec.storage == "fsx":
+            assert security.storage_group is not None and spec.fsx_capacity is not None
+            lustre = LustreStorage(
+                self,
+                "Lustre",
+                subnet=network.subnet,
+                security_group=security.storage_group,
+                capacity_gib=spec.fsx_capacity,
+                data_bucket=spec.data_bucket,
+            )
+            file_system = lustre.file_system
+            _pin(file_system, "FileSystem")
+            storage_mount = boot_storage = lustre.mount()
+        elif spec.beegfs is not None:
+            storage_mount = spec.beegfs
+
         # Slurm: the munge key every node reads at boot, and the head node running the controller.
         munge_key = MungeKey(self, "Munge", cluster_name=spec.cluster_name)
         _pin(munge_key.secret, "MungeKey")
@@ -121,6 +144,7 @@ class ClusterStack(Stack):
             root_volume_gib=spec.root_volume_gib,
             munge_key=munge_key,
             max_nodes=boot.max_nodes(workers=spec.nodes, reducers=spec.reducers),
+            storage=boot_storage,
             after=[network.secrets_endpoint],
         )
         _pin(self.head.instance, "HeadNode")
@@ -135,12 +159,17 @@ class ClusterStack(Stack):
                 role=role,
                 cpus=vcpus,
                 # The doctor's node checks as Slurm's HealthCheckProgram, against what this group was given: its
-                # instance type's GPUs and driver, the EFA devices the stack attached (none on TCP), Horovod, MPI.
-                # Not the shared storage: the launcher mounts it after boot (awsrun.prepare_storage), and slurmd
-                # runs the check as it starts, so every node would drain itself before anything could mount it.
+                # instance type's GPUs and driver, the EFA devices the stack attached (none on TCP), Horovod, MPI,
+                # and FSx mounted and writable at /fsx: the node mounts it in its own boot, before slurmd starts and
+                # runs the check, so a node (a replacement too) without it drains itself instead of taking a job.
+                # Not BeeGFS: the launcher sets it up after boot (awsrun.prepare_storage), and slurmd runs the check
+                # as it starts, so every node would drain itself before anything could mount it.
                 health_check=slurm.health_check_argv(
                     python=paths.PYTHON, backend="aws", mpirun=paths.MPIRUN, instance_type=instance.name,
-                    storage="none", efa_devices=layout.efa_device_count(interfaces)),
+                    storage="fsx" if boot_storage else "none",
+                    shared_mount=FSX_MOUNT_POINT if boot_storage else None,
+                    efa_devices=layout.efa_device_count(interfaces)),
+                storage=boot_storage,
             )
 
         common = {
@@ -182,24 +211,6 @@ class ClusterStack(Stack):
                 **common,
             )
             _pin(self.reducers.group, "ReducerGroup")
-
-        storage_mount: dict[str, object] = {"type": spec.storage}
-        file_system: fsx.CfnFileSystem | None = None
-        if spec.storage == "fsx":
-            assert security.storage_group is not None and spec.fsx_capacity is not None
-            lustre = LustreStorage(
-                self,
-                "Lustre",
-                subnet=network.subnet,
-                security_group=security.storage_group,
-                capacity_gib=spec.fsx_capacity,
-                data_bucket=spec.data_bucket,
-            )
-            file_system = lustre.file_system
-            _pin(file_system, "FileSystem")
-            storage_mount = lustre.mount()
-        elif spec.beegfs is not None:
-            storage_mount = spec.beegfs
 
         # The TTL counts from when the expensive resources exist, not from the start of the deploy.
         expensive: list[IConstruct] = [self.workers.group]

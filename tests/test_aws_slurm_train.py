@@ -182,3 +182,33 @@ def test_launch_run_on_a_stack_with_a_head_node_is_a_slurm_job_with_the_efa_envi
     assert script.rstrip().endswith("-m launcher.execute.userrank --workdir /fsx/scaletrain/work/proj-1 --python-bin "
                                     "/opt/scaletrain/venv/bin --reducers 0 -- python train.py")
     assert "job 42 succeeded" in capsys.readouterr().out
+
+
+# --- --max-restarts and the stack's storage: a replacement node must have the run's storage by itself -------------
+
+
+def test_max_restarts_on_a_beegfs_stack_is_refused_in_one_line_before_anything_starts(head, capsys):
+    """BeeGFS lives on the nodes' RAM disks, set up by the launcher: an Auto Scaling replacement joins none of it."""
+    deploy(head=True, storage="beegfs")
+    assert train("--max-restarts", "2") == 1
+    assert head.commands == [] and head.scripts == [] and head.trained == []  # no node was asked anything
+    assert capsys.readouterr().err == (
+        "error: --max-restarts needs storage a replacement node mounts by its own boot (fsx); this cluster's beegfs "
+        "lives on the nodes' RAM disks, which a replacement does not join; deploy with -c storage=fsx or run without "
+        "--max-restarts\n")
+    assert stack_exists()
+
+
+def test_max_restarts_on_an_fsx_stack_is_kept_by_the_slurm_job(head, capsys):
+    """FSx is mounted by every node's own boot (its /etc/fstab line), a replacement's too: the job restarts."""
+    deploy(head=True, storage="fsx")
+    assert train("--max-restarts", "2") == 0
+    [(_, script)] = head.scripts
+    assert "--max-restarts 2" in script
+    assert "--max-restarts needs" not in capsys.readouterr().err
+
+
+def test_without_max_restarts_a_beegfs_stack_runs_as_before(head, capsys):
+    deploy(head=True, storage="beegfs")
+    assert train("--max-restarts", "0") == 0
+    assert len(head.scripts) == 1 and "--max-restarts needs" not in capsys.readouterr().err

@@ -801,6 +801,75 @@ def test_beegfs_records_ram_disks_and_roles_and_creates_no_file_system(p3_beegfs
     assert mount["roles"]["management"] == ["worker:0"] and mount["roles"]["storage"] == ["worker:*"]
 
 
+FSX_FSTAB = "<FileSystem.DNSName>@tcp:/<FileSystem.LustreMountName> /fsx lustre defaults,relatime,flock,_netdev 0 0"
+
+
+def _boots(synth: Synth) -> dict[str, dict[str, Any]]:
+    """Each instance's launch template data, by what launches it: the head node and every node group."""
+    head = synth.props("HeadNode")["LaunchTemplate"]["LaunchTemplateId"]["Ref"]
+    return {"HeadNode": synth.props(head)["LaunchTemplateData"]} | {g: synth.launch_template(g) for g in synth.groups()}
+
+
+def _depends_on(synth: Synth, logical_id: str) -> set[str]:
+    """Every resource CloudFormation creates before ``logical_id``: its Ref, Fn::GetAtt and DependsOn, transitively."""
+    def refs(value: Any) -> set[str]:
+        if isinstance(value, dict):
+            found = {value["Ref"]} if isinstance(value.get("Ref"), str) else set()
+            if "Fn::GetAtt" in value:
+                found.add(value["Fn::GetAtt"][0])
+            return found.union(*(refs(v) for v in value.values()))
+        return set().union(*(refs(v) for v in value)) if isinstance(value, list) else set()
+
+    seen: set[str] = set()
+    todo = [logical_id]
+    while todo:
+        resource = synth.resources_all[todo.pop()]
+        direct = refs(resource.get("Properties", {})) | set(resource.get("DependsOn", []))
+        for found in direct & set(synth.resources_all) - seen:
+            seen.add(found)
+            todo.append(found)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["p3dn_fsx", "p4d_fsx"])
+def test_with_fsx_every_instance_mounts_it_from_fstab_in_its_own_boot_before_slurm(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    """The head node, the workers and the reducers (an Auto Scaling replacement too) mount FSx themselves: the
+    file system's names reach their user data as Fn::GetAtt, so CloudFormation creates it before any of them, and the
+    fstab line and its mount come before Slurm's daemons start, so slurmd's first health check can ask for it."""
+    synth = shape(request, name)
+    boots = _boots(synth)
+    assert set(boots) == {"HeadNode", "WorkerGroup", "ReducerGroup"}
+    for launcher_id, data in boots.items():
+        raw = json.dumps(data["UserData"])
+        for attribute in ("DNSName", "LustreMountName"):
+            assert json.dumps({"Fn::GetAtt": ["FileSystem", attribute]}) in raw, launcher_id
+        assert "FileSystem" in _depends_on(synth, launcher_id), launcher_id
+        script = render(data["UserData"]["Fn::Base64"])
+        lines = script.splitlines()
+        (fstab,) = [i for i, line in enumerate(lines) if line.endswith(" >> /etc/fstab")]
+        assert f"echo '{FSX_FSTAB}' >> /etc/fstab" in lines[fstab]
+        mount = lines.index("until mountpoint -q /fsx || mount /fsx; do")
+        daemon = "slurmctld.service" if launcher_id == "HeadNode" else "slurmd.service"
+        (start,) = [i for i, line in enumerate(lines) if line.startswith("systemctl enable --now") and daemon in line]
+        assert fstab < mount < lines.index("systemctl enable --now munge.service") < start, launcher_id
+        subprocess.run(["bash", "-n", "-c", script], check=True)
+        if launcher_id != "HeadNode":  # slurmd's health check now asks for the mount the boot made
+            assert f"--shared-mount /fsx --instance-type {data['InstanceType']} --storage fsx " in script
+
+
+@pytest.mark.parametrize("name", ["p3_beegfs", "p5_spot"])
+def test_without_fsx_no_boot_mounts_storage(name: str, request: pytest.FixtureRequest) -> None:
+    """BeeGFS (RAM disks the launcher sets up after boot) and none: no fstab line, and health checks without it."""
+    synth = shape(request, name)
+    for launcher_id, data in _boots(synth).items():
+        script = render(data["UserData"]["Fn::Base64"])
+        assert "/etc/fstab" not in script and "mount " not in script and "FileSystem" not in script, launcher_id
+        if launcher_id != "HeadNode":
+            assert " --storage none " in script and "--shared-mount" not in script, launcher_id
+
+
 # --- Outputs and logical IDs ------------------------------------------------------------------------------------------
 
 

@@ -349,7 +349,8 @@ def test_every_node_fetches_the_key_and_registers_with_the_head_nodes_address(
     rejoin = next(i for i, line in enumerate(lines) if "scontrol update NodeName=" in line and "NodeAddr=" in line)
     assert slurmd < up < rejoin and 'NodeAddr="$NODE_ADDR"' in lines[rejoin]
     # Its health check (the doctor's node checks, as Slurm's HealthCheckProgram) is written before slurmd starts,
-    # against this group's instance type and EFA devices, and never the shared storage the launcher mounts later.
+    # against this group's instance type and EFA devices; these stacks have no shared storage (with FSx the boot
+    # mounts it and the check asks for it: test_infra.py, test_with_fsx_every_instance_mounts_it_from_fstab...).
     written = re.search(r"printf %s ('[^']*') > " + re.escape(slurm.HEALTH_CHECK), script)
     assert written and script.index(written[0]) < script.index("\nsystemctl enable --now --no-block slurmd.service")
     argv = shlex.split(shlex.split(written[1])[0].splitlines()[-1])[1:]  # the script's exec line

@@ -226,6 +226,12 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     from launcher.execute import awsrun
 
     sess = stack_session(c, stack, region, profile, cluster=cluster)  # no such stack: the line status gives
+    if max_restarts:  # a replacement node must find the run's storage by itself: one line, before anything starts
+        from launcher.cluster.aws import api as aws
+        from launcher.plans import storage
+
+        if problem := storage.restarts_problem(aws.stack_outputs(sess, stack).storage, max_restarts):
+            raise LaunchError(problem)
 
     def ready() -> clusters.Cluster:
         found = awsrun.connect_ready(sess, stack, profile=profile, timeout_s=ready_timeout)

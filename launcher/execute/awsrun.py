@@ -181,7 +181,11 @@ def install_node_access(c: Cluster) -> None:
 
 def prepare_storage(c: Cluster) -> None:
     """BeeGFS or FSx set-up, phase by phase (a no-op with storage 'none'); then the head node's mount, once the
-    servers are up."""
+    servers are up.
+
+    FSx is mounted already by every instance's own boot (its user data's /etc/fstab line, before Slurm's daemons
+    start), an Auto Scaling replacement's too; the FSx plan here (``mountpoint -q || mount``) is then redundant but
+    harmless, and still mounts it on a stack deployed before the boots did. BeeGFS needs it: the launcher makes it."""
     assert c.aws is not None
     secret_file = Path(c.ssh_config).parent / "beegfs-secret"
     if not secret_file.is_file():

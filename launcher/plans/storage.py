@@ -20,7 +20,7 @@ from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
 
 __all__ = ["Phase", "beegfs_plan", "boot_mount_commands", "fstab_line", "fsx_plan", "render_plan", "resolve_roles",
-           "storage_plan"]
+           "restarts_problem", "storage_plan"]
 
 BEEGFS_SBIN = "/opt/beegfs/sbin"
 CONN_AUTH_FILE = "/etc/beegfs/connauthfile"
@@ -118,7 +118,12 @@ def beegfs_plan(layout: dict, workers: Sequence[Node], reducers: Sequence[Node],
 
 
 def fsx_plan(mount: dict, nodes: Sequence[Node]) -> list[Phase]:
-    """Mount FSx for Lustre at the same path on every node (the StorageMount output's fsx fields)."""
+    """Mount FSx for Lustre at the same path on every node (the StorageMount output's fsx fields).
+
+    The stack's instances mount it themselves in their boot, from /etc/fstab (:func:`boot_mount_commands`, put in
+    their user data by infra/stack.py), before Slurm's daemons start; so on them this finds it mounted and only
+    makes sure of the project's directory. It stays for a stack deployed before the boot mounted it, and is harmless
+    where it is redundant: ``mountpoint -q || mount`` mounts nothing twice."""
     point = mount["mount_point"]
     source = f"{mount['dns_name']}@tcp:/{mount['mount_name']}"
     script = "\n".join([
@@ -170,6 +175,18 @@ def head_storage_plan(c: Cluster, *, secret: str) -> list[Phase]:
     with_head = {**mount, "roles": {**roles, "client": [*roles["client"], "reducer:*"]}}
     phases = beegfs_plan(with_head, c.workers, [*c.reducers, head], secret=secret)
     return [Phase(p.name, {head.name: p.scripts[head.name]}) for p in phases if head.name in p.scripts]
+
+
+def restarts_problem(storage_type: str, max_restarts: int) -> str | None:
+    """Why ``--max-restarts`` cannot be kept on an AWS cluster with this storage, or None. A restart runs on a
+    replacement instance, which has only what its own boot sets up: FSx it mounts from /etc/fstab
+    (:func:`boot_mount_commands`), but BeeGFS's servers are the launcher's, on the old nodes' RAM disks, and the
+    lost node's storage target (a stripe of every file, the checkpoints too) went with it."""
+    if max_restarts > 0 and storage_type == "beegfs":
+        return ("--max-restarts needs storage a replacement node mounts by its own boot (fsx); this cluster's beegfs "
+                "lives on the nodes' RAM disks, which a replacement does not join; deploy with -c storage=fsx or run "
+                "without --max-restarts")
+    return None
 
 
 # -- the mount a node's own boot makes -------------------------------------------------------------------------------
