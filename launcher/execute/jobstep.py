@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import queue
@@ -146,6 +147,27 @@ def newest_checkpoint_epoch(output: Path) -> int | None:
     return index[-1]["epoch"] if index else None
 
 
+def _record_unrecorded_loss(output: Path, restart: int) -> None:
+    """If the previous attempt's step died with its node (its batch host), its restart is in no record: write it
+    now, naming that node; then note this attempt's batch host for the next one."""
+    record = output / restarts.RECORD_FILE
+    marker = output / restarts.BATCH_HOST_FILE
+    try:
+        history = json.loads(record.read_text()).get("history", [])
+    except (OSError, ValueError):
+        history = []
+    try:
+        before = marker.read_text().split()[0]
+    except (OSError, IndexError):
+        before = None
+    missing = restarts.unrecorded_loss(history, restart, before, newest_checkpoint_epoch(output))
+    if missing is not None:
+        write_atomic(record, restarts.record([restarts.Restart(**h) for h in history] + [missing]))
+        say(f"attempt {restart}'s step was on {before or 'a node'}, which was lost; recorded")
+    with contextlib.suppress(OSError):
+        write_atomic(marker, f"{socket.gethostname()} {restart}\n")
+
+
 def run_step(argv: list[str], stall_s: float) -> tuple[int, list[str], str | None]:
     """Run mpirun, relaying its lines; (exit code, lines, why it was stopped when the stall timeout did)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -235,6 +257,7 @@ def main(args: list[str] | None = None) -> int:
                                      ",".join(f"{h}:1" for h in reducer_hosts)])
     hosts = workers + reducer_hosts
     os.environ["SCALETRAIN_RESTART_COUNT"] = str(restart)
+    _record_unrecorded_loss(Path(a.output), restart)
     if a.rendezvous_port is not None:
         # The rendezvous is where the allocation's first node is now (a replacement has a new address), as Slurm has
         # it; mpirun forwards both by name (-x MASTER_ADDR).

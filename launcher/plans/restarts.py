@@ -101,3 +101,20 @@ class Restart:
 def record(restarts: list[Restart]) -> str:
     return json.dumps({"restarts": len(restarts), "history": [asdict(r) for r in restarts],
                        "epochs_lost": round(sum(r.epochs_lost for r in restarts), 3)}, indent=1) + "\n"
+
+
+BATCH_HOST_FILE = ".batch-host"  # in the run directory: the node each attempt's step ran on, and its attempt
+
+
+def unrecorded_loss(history: list[dict], restart: int, batch_host: str | None, newest_checkpoint_epoch: int | None,
+                    ) -> Restart | None:
+    """The restart an attempt finds missing from the record: its predecessor's step was on the node that was lost,
+    so nothing decided or wrote it (Slurm requeued the job itself: JobRequeue=1 and the node's failure). The lost
+    node is that step's own batch host; how much work was repeated is unknown (nothing saw the last step)."""
+    if restart < 1 or len(history) >= restart:
+        return None
+    lost = [batch_host] if batch_host else []
+    return Restart(attempt=restart, why=f"the job's batch node{' ' + batch_host if batch_host else ''} was lost; "
+                                        "Slurm requeued the job",
+                   lost=lost, resumed_from_epoch=newest_checkpoint_epoch + 1 if newest_checkpoint_epoch is not None
+                   else 0, epochs_lost=0.0, progress=None)
