@@ -208,6 +208,15 @@ def test_max_restarts_on_an_fsx_stack_is_kept_by_the_slurm_job(head, capsys):
     assert "--max-restarts needs" not in capsys.readouterr().err
 
 
+def test_launch_run_refuses_max_restarts_on_a_beegfs_stack_as_train_does(head, tmp_path, capsys):
+    deploy(head=True, storage="beegfs")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert cli.main(["run", "--cluster", "c1", "--workdir", str(tmp_path), "--max-restarts", "1", "--",
+                     "python", "train.py"]) == 1
+    assert head.commands == [] and head.scripts == []
+    assert "error: --max-restarts needs storage a replacement node mounts by its own boot" in capsys.readouterr().err
+
+
 def test_without_max_restarts_a_beegfs_stack_runs_as_before(head, capsys):
     deploy(head=True, storage="beegfs")
     assert train("--max-restarts", "0") == 0

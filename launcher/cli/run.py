@@ -110,6 +110,12 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
     from launcher.execute import awsrun
 
     sess = stack_session(c, stack, region, profile, cluster=cluster)  # as train, status and the rest choose it
+    if max_restarts:  # as `launch train`: a replacement node must find the storage by its own boot
+        from launcher.cluster.aws import api as aws
+        from launcher.plans import storage
+
+        if problem := storage.restarts_problem(aws.stack_outputs(sess, stack).storage, max_restarts):
+            raise LaunchError(problem)
     handover: dict[str, str | None] = {"line": None}
 
     def on_aws() -> None:
