@@ -308,7 +308,6 @@ def test_ddp_and_reducer_runs_are_slurm_jobs_too(home, engine):
     assert "job " in proc.stdout and "run finished: resnet18 on 2 node(s) / 2 rank(s)" in proc.stdout, proc.stdout
     batch = on_host(home, f"{run}/job.sbatch").read_text()
     assert "--rendezvous-port 29500" in batch and "-x MASTER_ADDR " in batch
-    # by name, whichever node registered first (they boot at once), the reducer last
     hostfile = on_host(home, f"{run}/hostfile").read_text()
     assert hostfile == ("node0 slots=1\nnode1 slots=1\n" + ("reducer0 slots=1\n" if engine == "reducer" else ""))
 

@@ -446,9 +446,3 @@ def test_a_ddp_jobs_rendezvous_is_the_job_steps_not_the_submitters():
 def test_forward_by_name_touches_only_the_named_exports():
     assert slurm.forward_by_name(["mpirun", "-x", "A=1", "-x", "B=2", "prog", "A=3"], ("A", "C")) == \
         ["mpirun", "-x", "A", "-x", "B=2", "prog", "A=3"]
-
-
-def test_ranks_are_laid_out_by_node_name_not_by_which_instance_registered_first():
-    assert slurm.allocation_order(["reducer0", "node1", "node10", "node0", "node2"]) == [
-        "node0", "node1", "node2", "node10", "reducer0"]
-    assert slurm.allocation_order(["ip-10-0-1-23", "ip-10-0-1-9"]) == ["ip-10-0-1-9", "ip-10-0-1-23"]

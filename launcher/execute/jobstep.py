@@ -239,9 +239,7 @@ def main(args: list[str] | None = None) -> int:
     mpirun = a.mpirun[1:] if a.mpirun[:1] == ["--"] else a.mpirun
     job_id = os.environ.get("SLURM_JOB_ID", "?")
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    from launcher.plans import slurm
-
-    hosts = slurm.allocation_order(hosts_of(os.environ.get("SLURM_JOB_NODELIST", "")))
+    hosts = hosts_of(os.environ.get("SLURM_JOB_NODELIST", ""))
     say(f"job {job_id}, attempt {restart + 1} (at most {a.max_restarts + 1}), on {', '.join(hosts)}")
     if restart > a.max_restarts:
         print(f"error: job {job_id} was restarted {restart} time(s), more than --max-restarts {a.max_restarts}; "

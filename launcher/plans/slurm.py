@@ -259,14 +259,6 @@ def worker_boot_commands(version: str, *, controller_addr: str, role: str, cpus:
             *rejoin_commands(address)]
 
 
-def allocation_order(hosts: list[str]) -> list[str]:
-    """The allocation's nodes in the order ranks are laid out on them: by name, numbers compared as numbers (node2
-    before node10, ip-10-0-1-9 before ip-10-0-1-23). Slurm lists dynamic nodes in the order they registered, which,
-    for instances that boot at once, is any order: the hostfile, the ranks and the rendezvous (the first node) must
-    not depend on which instance happened to boot first."""
-    return sorted(hosts, key=lambda h: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", h)])
-
-
 # -- what a job's state means ------------------------------------------------------------------------------------------
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
