@@ -192,6 +192,19 @@ def is_ours(pid: int, netns: str) -> bool:
     return "unshare" in cmdline and "boot.sh" in cmdline and "--kill-child" in cmdline
 
 
+def _ended(pid: int, timeout_s: float, every_s: float) -> bool:
+    """Wait up to ``timeout_s`` for unshare ``pid`` to end (reaped if it is our child)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        if not Path(f"/proc/{pid}").exists():
+            return True
+        time.sleep(every_s)
+    return False
+
+
 def shutdown(pid: int, timeout_s: float = 30.0) -> None:
     """Shut a node down as `systemctl poweroff` does (SIGRTMIN+4 to its systemd: "Enters poweroff.target",
     systemd(1), Signals), every unit stopped in order; what has not ended in ``timeout_s`` is killed."""
@@ -199,15 +212,8 @@ def shutdown(pid: int, timeout_s: float = 30.0) -> None:
     if init:
         with contextlib.suppress(ProcessLookupError):
             os.kill(init, signal.SIGRTMIN + 4)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        if not Path(f"/proc/{pid}").exists():
-            return
-        time.sleep(0.1)
-    stop(pid)
+    if not _ended(pid, timeout_s, 0.1):
+        stop(pid)
 
 
 def stop(pid: int, timeout_s: float = 5.0) -> None:
@@ -215,11 +221,4 @@ def stop(pid: int, timeout_s: float = 5.0) -> None:
     and with it every process in the node's PID namespace."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        if not Path(f"/proc/{pid}").exists():
-            return
-        time.sleep(0.05)
+    _ended(pid, timeout_s, 0.05)
