@@ -185,9 +185,17 @@ def test_the_probes_keep_one_connection_per_node(tmp_path, monkeypatch):
     try:
         monkeypatch.setenv("SCALETRAIN_HOME", str(home))
         c = clusters.load("local")
-        # what each node's sshd printed (-e) since it booted: its console
-        logs = {n.name: home / "clusters" / "local" / "nodes" / n.name / "console.log" for n in c.nodes}
-        before = {name: log.read_text().count("Accepted publickey") for name, log in logs.items()}
+        # what each node's sshd logged since it booted (its journal, read from this machine: not over ssh, which
+        # would be one more connection to count)
+        from launcher.local import rehearsal_nodes
+
+        def sshd_accepted(node) -> int:
+            init = rehearsal_nodes.init_pid(c.processes[node.name])
+            out = subprocess.run(["nsenter", "-t", str(init), "-a", "journalctl", "--no-pager", "-o", "cat",
+                                  "-u", "ssh.service"], capture_output=True, text=True, timeout=60).stdout
+            return out.count("Accepted publickey")
+
+        before = {n.name: sshd_accepted(n) for n in c.nodes}
         verdicts = []  # one per round of probes
 
         def counted(history, *args, **kwargs):
@@ -203,7 +211,7 @@ def test_the_probes_keep_one_connection_per_node(tmp_path, monkeypatch):
                 time.sleep(0.1)
         assert len(verdicts) >= 6
         assert dog.reason is None
-        accepted = {name: log.read_text().count("Accepted publickey") - before[name] for name, log in logs.items()}
+        accepted = {n.name: sshd_accepted(n) - before[n.name] for n in c.nodes}
         assert accepted == {"node0": 1, "node1": 1}, accepted
     finally:
         launch(home, "local", "down")

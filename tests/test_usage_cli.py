@@ -52,7 +52,7 @@ def test_a_usage_error_inside_a_command_exits_2_with_one_line(tmp_path, monkeypa
 @pytest.mark.parametrize(("argv", "commands"), [
     ([], "exec, doctor, status"),
     (["data"], "sample, convert"),
-    (["local"], "up, build, down, kill, replace"),
+    (["local"], "up, build, down, kill, reboot, replace"),
 ])
 def test_a_group_without_its_command_shows_help_then_one_line_exit_2(tmp_path, monkeypatch, capsys, argv, commands):
     """Every group alike, as click's no_args_is_help does (help, exit 2), with a line saying why: never an empty
