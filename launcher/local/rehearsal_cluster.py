@@ -147,22 +147,12 @@ def _user_data(name: str, role: str, *, head_address: str | None, secret_arn: st
     if role == "head":
         return boot.head_script(cluster_name=name, region=plan.REGION, secret_id=secret_arn,
                                 max_nodes=boot.max_nodes(workers=workers, reducers=reducers), storage=mount,
-                                cgroup_plugin=slurm.REHEARSAL_CGROUP_PLUGIN, **_slurm_version())
+                                cgroup_plugin=slurm.REHEARSAL_CGROUP_PLUGIN, slurm_version=slurm.REHEARSAL_SLURM)
     assert head_address is not None
     health = slurm.health_check_argv(python=paths.PYTHON, backend="local", mpirun=paths.MPIRUN,
                                      shared_mount=plan.SHARED_MOUNT)
     return boot.node_script(region=plan.REGION, secret_id=secret_arn, controller_addr=head_address, role=role,
-                            cpus=cpus, health_check=health, storage=mount, **_slurm_version())
-
-
-def _slurm_version() -> dict:
-    """The Slurm the rehearsal root has (Debian 12's), for the boot's units, where infra/boot.py asks for it."""
-    import inspect
-
-    from infra import boot
-
-    params = inspect.signature(boot.node_script).parameters
-    return {"slurm_version": getattr(slurm, "REHEARSAL_SLURM", "22.05")} if "slurm_version" in params else {}
+                            cpus=cpus, health_check=health, storage=mount, slurm_version=slurm.REHEARSAL_SLURM)
 
 
 def _instance(cluster_key: str, name: str, address: str, public_keys: list[str],
@@ -268,8 +258,11 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         nodes_.make_network(netw)
         _record(d, bridge=netw.bridge)
         assert netw.services is not None and netw.storage is not None
-        services_.start(d, netw, lambda what, value: _record(d, service=(what, value)))
-        storage_files = services_.start_storage(d, netw, shared, lambda what, value: _record(d, service=(what, value)))
+        def record(what: str, value: object) -> None:
+            _record(d, service=(what, value))
+
+        services_.start(d, netw, record)
+        storage_files = services_.start_storage(d, netw, shared, record)
         cpus = cpus_per_node(os.cpu_count() or 1, len(roles))
         workers = sum(1 for _, r in roles if r == "worker")
         secret_arn = _munge_secret(netw.services.address, name) if with_slurm else None

@@ -183,8 +183,8 @@ def _banner(address: str) -> bool:
 
 
 def is_ours(pid: int, netns: str) -> bool:
-    """Is `pid` still the unshare we started for this node (its command line names the node's namespace or boot
-    script)? Guards against a recycled pid."""
+    """Is `pid` still an unshare we started for a node (its command line: unshare --kill-child ... boot.sh)? Guards
+    against a recycled pid. ``netns`` is no longer in that command line (`ip netns exec` has exec'd unshare)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:

@@ -29,8 +29,8 @@ ACCESS_KEY = "AKIAREHEARSALACCOUNT0"     # the launcher's own credentials for th
 SECRET_KEY = "rehearsal-account-secret"
 
 
-def endpoint(netw_or_address) -> str:
-    address = netw_or_address if isinstance(netw_or_address, str) else netw_or_address.services.address
+def endpoint(address: str) -> str:
+    """The stand-in account's URL, at the services namespace's ``address``."""
     return f"http://{address}:{plan.ACCOUNT_PORT}"
 
 
