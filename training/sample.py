@@ -23,7 +23,9 @@ import io
 import json
 import os
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,7 @@ MAX_PER_CLASS = 10_000
 # those files and leaves anything else alone.
 SAMPLE_RECORD = ".launch-data-sample.json"
 JPEG_QUALITY = 90
+WRITERS = 8  # threads writing images: enough to overlap a network file system's round trips, few enough to stop fast
 SPLITS = {"train": 0, "val": 1}  # split -> id in the per-image RNG seed
 
 # Image geometry (pixels) and per-image jitter.
@@ -274,11 +277,23 @@ def make_sample(
         for split, count in (("train", per_class), ("val", val_per_class)):
             for wnid in names if count else []:  # no val/ for --val-per-class 0: the converter lists no val split
                 (out / split / wnid).mkdir(parents=True, exist_ok=True)
-        for split, cls, _, i, path in layout(classes, per_class, val_per_class):
-            rng = np.random.default_rng([seed, SPLITS[split], cls, i])
-            write_atomic(out / path, jpeg_bytes(render(rng, class_style(cls, classes))))
-            if on_image is not None:
-                on_image()
+        # Rendering holds the GIL; writing waits on the file system (a network one on a cluster: /fsx over sshfs
+        # or Lustre, each file a create, a write and a rename, round trips each), so a few writers overlap the waits.
+        # At most WRITERS * 2 images are in flight: a Ctrl-C leaves little behind, and the next run removes it.
+        with ThreadPoolExecutor(WRITERS, thread_name_prefix="sample-write") as pool:
+            pending: deque[Future] = deque()
+            for split, cls, _, i, path in layout(classes, per_class, val_per_class):
+                rng = np.random.default_rng([seed, SPLITS[split], cls, i])
+                data = jpeg_bytes(render(rng, class_style(cls, classes)))
+                pending.append(pool.submit(write_atomic, out / path, data))
+                while pending and (len(pending) >= WRITERS * 2 or pending[0].done()):
+                    pending.popleft().result()
+                    if on_image is not None:
+                        on_image()
+            while pending:
+                pending.popleft().result()
+                if on_image is not None:
+                    on_image()
         remove_earlier(out, earlier, now)
         write_atomic(record, json.dumps({"runs": [now]}).encode())
     except OSError as exc:
