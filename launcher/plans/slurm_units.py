@@ -167,5 +167,5 @@ def enable_commands(service: str, *, wait_s: int | None = None) -> list[str]:
         return [*first, f"systemctl enable --now {service}"]
     failed = f"scaletrain: {service} is not active after {wait_s} s (journalctl -u {service})"
     return [*first, f"systemctl enable --now --no-block {service}",
-            f"timeout {wait_s} bash -c 'until systemctl is-active --quiet {service}; do sleep 5; done' || "
+            f"timeout {wait_s} bash -c 'until systemctl is-active --quiet {service}; do sleep 1; done' || "
             f'{{ echo "{failed}" >&2; exit 1; }}']
