@@ -4,6 +4,7 @@ its own process free of the launcher's heavy imports."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.doctor import checks
+from launcher.doctor import checks, health
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "pydantic", "rich", "boto3", "numpy")
@@ -55,7 +56,8 @@ def node(tmp_path: Path) -> dict:
         """)
     (pkgs / "torch").mkdir()
     (pkgs / "torch" / "__init__.py").write_text(
-        'import os\nwith open(os.environ["COUNTER"], "a") as f:\n    f.write("torch\\n")\n')
+        'import os\nwith open(os.environ["COUNTER"], "a") as f:\n    f.write("torch\\n")\n'
+        'if os.environ.get("FAKE_TORCH_BROKEN"):\n    raise ImportError("libtorch_cpu.so: cannot open")\n')
     (pkgs / "horovod" / "__init__.py").write_text('__version__ = "0.28.1"\n')
     (pkgs / "horovod" / "torch" / "__init__.py").write_text(textwrap.dedent("""
         import torch  # noqa: F401
@@ -69,11 +71,13 @@ def node(tmp_path: Path) -> dict:
     env = dict(os.environ, PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}", COUNTER=str(counter),
                PYTHONPATH=f"{pkgs}{os.pathsep}{ROOT}")
     env.pop("FAKE_SMI_SLEEP", None)
-    return {"bin": bin_, "counter": counter, "env": env}
+    env.pop("FAKE_TORCH_BROKEN", None)
+    return {"bin": bin_, "counter": counter, "env": env, "state": tmp_path / "run"}
 
 
 def _args(node: dict, backend: str) -> list[str]:
-    args = ["--backend", backend, "--python", str(node["bin"] / "python"), "--mpirun", str(node["bin"] / "mpirun")]
+    args = ["--backend", backend, "--python", str(node["bin"] / "python"), "--mpirun", str(node["bin"] / "mpirun"),
+            "--state-dir", str(node["state"])]
     if backend == "aws":
         args += ["--instance-type", "p4d.24xlarge", "--storage", "none", "--efa-devices", "0"]
     return args
@@ -106,6 +110,46 @@ def test_a_rehearsal_nodes_check_imports_torch_once_and_asks_no_gpu(node) -> Non
     runs = _runs(node)
     assert runs.count("torch") == 1 and runs.count("nvidia-smi") == 0, runs
     assert runs[-1] == "scontrol", runs  # passed: asks whether it drained itself, to resume
+
+
+def test_a_second_check_in_the_same_boot_asks_the_gpus_again_but_imports_torch_no_more(node) -> None:
+    for _ in range(2):
+        done = _health(node, *_args(node, "aws"))
+    runs = _runs(node)
+    assert runs.count("nvidia-smi") == 2, runs  # what changes under a running node is asked every time
+    assert runs.count("torch") == 1 and runs.count("python") == 1, runs  # the image's files are not
+    assert "horovod:" not in done.stdout, done.stdout  # the kept answer reads as the import did
+    for _ in range(2):
+        assert _health(node, *_args(node, "local")).returncode == 0
+    assert _runs(node).count("torch") == 2, _runs(node)  # the rehearsal's probe is another command: its own import
+
+
+def test_an_import_kept_from_another_boot_or_another_command_is_run_again(node) -> None:
+    assert _health(node, *_args(node, "local")).returncode == 0
+    kept = node["state"] / health.IMPORTS_KEPT
+    record = json.loads(kept.read_text())
+    assert record["boot"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    kept.write_text(json.dumps({**record, "boot": "another-boot"}))
+    assert _health(node, *_args(node, "local")).returncode == 0
+    assert _runs(node).count("torch") == 2, _runs(node)
+    record = json.loads(kept.read_text())
+    assert record["boot"] != "another-boot"
+    kept.write_text(json.dumps({**record, "probes": {n: {**v, "command": v["command"] + " -X dev"}
+                                                    for n, v in record["probes"].items()}}))
+    assert _health(node, *_args(node, "local")).returncode == 0
+    assert _runs(node).count("torch") == 3, _runs(node)
+
+
+def test_an_import_that_failed_is_not_kept_and_drains_the_node_at_every_check(node) -> None:
+    broken = {**node["env"], "FAKE_TORCH_BROKEN": "1"}
+    for _ in range(2):
+        done = _health(node, *_args(node, "local"), env=broken)
+        assert done.returncode == 1 and "horovod" in done.stdout and "libtorch_cpu" in done.stdout, done.stdout
+    assert _runs(node).count("torch") == 2, _runs(node)
+    assert not (node["state"] / health.IMPORTS_KEPT).exists()
+    assert _health(node, *_args(node, "local")).returncode == 0  # mended: passes, and is kept from then on
+    assert _health(node, *_args(node, "local")).returncode == 0
+    assert _runs(node).count("torch") == 3, _runs(node)
 
 
 def test_a_hung_nvidia_smi_fails_by_name_within_the_deadline(node) -> None:
