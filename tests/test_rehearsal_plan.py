@@ -263,3 +263,12 @@ def test_the_default_subnet_is_the_first_one_nothing_routes():
     assert plan.free_subnet(["10.213.0.0/24", "10.213.1.0/24"]) == "10.213.2.0/24"
     with pytest.raises(LaunchError, match="choose a free private subnet with --subnet"):
         plan.free_subnet(["10.213.0.0/16"])
+
+
+def test_a_nodes_boot_time_grows_with_the_cpu_its_cluster_needs_from_this_machine() -> None:
+    """Every node boots at once: 64 nodes on 2 cores need 64 boots' CPU over 2 cores, not a fixed minute."""
+    assert plan.boot_timeout(1, 2) == plan.BOOT_SLACK_S + plan.BOOT_CPU_S / 2
+    assert plan.boot_timeout(3, 2) < plan.BOOT_SLACK_S + 20  # the demo's cluster still fails within seconds
+    assert plan.boot_timeout(65, 2) == plan.BOOT_SLACK_S + 65 * plan.BOOT_CPU_S / 2 > 60 + 65 * 9.6 / 2  # measured
+    assert plan.boot_timeout(65, 16) < plan.boot_timeout(65, 2)
+    assert plan.boot_timeout(0, 0) == plan.boot_timeout(1, 1)

@@ -269,7 +269,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         instances: dict[str, imds.Instance] = {}
         booted = {}
         head = None
-        timeout = 60.0 + 1.0 * len(roles)  # every node boots at once on this machine's cores
+        timeout = plan.boot_timeout(len(roles) + (1 if with_slurm else 0), os.cpu_count() or 1)
         if with_slurm:  # the controller first: each slurmd registers with it as it starts
             head_addr = netw.node(HEAD).address
             booted[HEAD] = _boot_node(d, netw, HEAD, layers, storage_files, instances, public_keys=public_keys,

@@ -287,6 +287,19 @@ HOST_KEYS_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"   # what cloud-init prints
 HOST_KEYS_END = "-----END SSH HOST KEY KEYS-----"
 
 
+# What booting one node costs this machine, in seconds of one core: systemd, cloud-init's four stages, the user data
+# (the AWS CLI, sshfs, munge, slurmd) and slurmd's first health check (its one torch import). Measured 2026-11-27 in
+# the node's cgroup (cpu.stat usage_usec, docs/benchmarks.md): 8.7-9.6 s for a node with Slurm. Every node boots at
+# once, so a cluster's boot is as long as its nodes' CPU time over this machine's cores, and a node is given that.
+BOOT_CPU_S = 12.0
+BOOT_SLACK_S = 60.0
+
+
+def boot_timeout(nodes: int, cpus: int) -> float:
+    """Seconds a node of a cluster of `nodes` booting at once on `cpus` cores has to finish its first boot."""
+    return BOOT_SLACK_S + BOOT_CPU_S * max(1, nodes) / max(1, cpus)
+
+
 CGROUP_PARENT = "scaletrain"             # the nodes' cgroups, under this machine's cgroup2 hierarchy
 CLOUD_RESULT = "/run/cloud-init/result.json"   # written by cloud-init's final stage at every boot
 CLOUD_OUTPUT_LOG = "/var/log/cloud-init-output.log"  # the user data's output (Ubuntu's and Debian's cloud.cfg)
