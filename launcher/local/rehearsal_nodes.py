@@ -87,13 +87,29 @@ def node_cgroup(netns: str) -> Path:
     return cgroup_root() / plan.CGROUP_PARENT / netns
 
 
+def cgroup_tree(top: Path) -> list[Path]:
+    """The cgroups under `top`, deepest first. A cgroup goes away when the kernel has reaped its last process, so one
+    listed a moment ago may be gone when it is read: it is skipped, not an error (it was the 64-node down's
+    traceback)."""
+    found, todo = [], [top]
+    while todo:
+        d = todo.pop()
+        try:
+            subs = [e.path for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        found += [Path(s) for s in subs]
+        todo += subs
+    return sorted(found, key=lambda p: -len(p.parts))
+
+
 def remove_cgroup(netns: str, timeout_s: float = 5.0) -> None:
     """Remove a stopped node's cgroup and the ones its systemd made under it, deepest first."""
     with contextlib.suppress(LaunchError):
         top = node_cgroup(netns)
         deadline = time.monotonic() + timeout_s
         while top.exists() and time.monotonic() < deadline:
-            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            for d in cgroup_tree(top):
                 with contextlib.suppress(OSError):
                     d.rmdir()
             with contextlib.suppress(OSError):
