@@ -26,7 +26,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from cdk_nag import NagSuppressions
 from constructs import Construct, IConstruct
 
-from infra import boot, catalog
+from infra import boot, catalog, policies
 from infra.boot import MUNGE_KEY_LENGTH
 from infra.compute import TAG_ROLE, NodeIdentity, instance_data
 from infra.guard import ttl_parameter_arn
@@ -66,9 +66,7 @@ class MungeKey(Construct):
         """GetSecretValue, the one action reading the value needs, on this secret's ARN only
         (https://docs.aws.amazon.com/secretsmanager/latest/userguide/auth-and-access_iam-policies.html, "Example:
         Permission to retrieve individual secret values"; DescribeSecret is not needed to read it)."""
-        role.add_to_principal_policy(
-            iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[self.secret.secret_arn])
-        )
+        role.add_to_principal_policy(iam.PolicyStatement.from_json(policies.munge_key_read(self.secret.secret_arn)))
 
 
 class HeadNode(Construct):
@@ -111,7 +109,7 @@ class HeadNode(Construct):
         # (https://docs.aws.amazon.com/service-authorization/latest/reference/list_awssystemsmanager.html,
         # "Actions defined by AWS Systems Manager", PutParameter).
         self.identity.role.add_to_principal_policy(
-            iam.PolicyStatement(actions=["ssm:PutParameter"], resources=[ttl_parameter_arn(self, cluster_name)])
+            iam.PolicyStatement.from_json(policies.ttl_write(ttl_parameter_arn(self, cluster_name)))
         )
 
         script = boot.head_script(

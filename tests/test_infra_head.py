@@ -28,7 +28,7 @@ from test_infra import AMI, ROOT, Synth, _nag_findings  # noqa: E402
 from test_slurm_plan import shell_argv, systemd_argv  # noqa: E402
 
 from ami import paths, render  # noqa: E402
-from infra import boot, catalog, ttl  # noqa: E402
+from infra import boot, catalog, policies, ttl  # noqa: E402
 from infra.head import HEAD_INSTANCE_TYPE, MUNGE_KEY_LENGTH  # noqa: E402
 from infra.stack import IMAGE_PARAMETER_ID  # noqa: E402
 from launcher.plans import slurm  # noqa: E402
@@ -406,6 +406,19 @@ def test_node_role_gains_the_munge_key_and_nothing_else(on_demand: Synth, spot: 
         (("secretsmanager:GetSecretValue",), "<MungeKey>"),
     }
     assert grants(spot, node_role(spot)) == {(("secretsmanager:GetSecretValue",), "<MungeKey>")}
+
+
+def test_the_roles_statements_are_infra_policies_which_the_rehearsal_account_grants_too(spot: Synth) -> None:
+    """One source for what the boot may do: the template's statements are infra/policies.py's, which the local
+    cluster's stand-in account grants its two roles (launcher/local/rehearsal_account.py)."""
+    arns = {"secret_arn": "<MungeKey>", "parameter_arn": ttl_parameter_arn(spot.context["cluster_name"])}
+    for role, role_id in ((policies.HEAD_ROLE, head_role(spot)), (policies.NODE_ROLE, node_role(spot))):
+        found = [{k: text(v) if k == "Resource" else v for k, v in st.items()} for st in statements(spot, role_id)]
+        assert found == policies.role_statements(role, **arns), role
+        trust = spot.props(role_id)["AssumeRolePolicyDocument"]
+        assert trust["Statement"] == policies.trust_policy()["Statement"], role
+    with pytest.raises(ValueError, match="unknown role 'reducer'; allowed: node, head"):
+        policies.role_statements("reducer", **arns)
 
 
 # --- The output the launcher reads, the linters ----------------------------------------------------------------------
