@@ -31,6 +31,7 @@ from ami import paths, render  # noqa: E402
 from infra import boot, catalog, policies, ttl  # noqa: E402
 from infra.head import HEAD_INSTANCE_TYPE, MUNGE_KEY_LENGTH  # noqa: E402
 from infra.stack import IMAGE_PARAMETER_ID  # noqa: E402
+from launcher.local import account_server  # noqa: E402
 from launcher.plans import slurm  # noqa: E402
 
 REGION = "us-east-1"
@@ -460,27 +461,12 @@ def _resolve(value: Any, refs: dict[str, str]) -> Any:
     return text(value, refs)
 
 
-def _determine_secret(self: Any) -> str:
-    """moto 5.2.5 authorizes Secrets Manager and SSM calls against resource "*" only (only IAM, SQS and STS name the
-    resource), which no statement naming an ARN matches. AWS authorizes them on the secret and the parameter
-    (Service Authorization Reference: GetSecretValue, resource type Secret; PutParameter, resource type parameter),
-    so the test names them the same way."""
-    secret_id = json.loads(self.body or "{}").get("SecretId")
-    if secret_id is None:  # CreateSecret, ListSecrets: not the calls under test
-        return "*"
-    return secret_id if secret_id.startswith("arn:") else self.backend.describe_secret(secret_id).arn
-
-
-def _determine_parameter(self: Any) -> str:
-    name = json.loads(self.body or "{}").get("Name", "")
-    return f"arn:aws:ssm:{self.region}:{self.current_account}:parameter/{name.lstrip('/')}" if name else "*"
-
-
 @pytest.fixture(scope="module")
 def on_aws(spot: Synth) -> Iterator[dict[str, Any]]:
     """A moto server holding the stack's munge key, another secret and the TTL parameter, and one IAM user per role
     with exactly the role's statements (its policies from the template, SSM core's from moto's copy of it);
-    then IAM enforced."""
+    then IAM enforced, each call naming its resource as in the local cluster's account
+    (launcher/local/account_server.py: moto itself checks Secrets Manager's and SSM's against "*" only)."""
     moto_server = pytest.importorskip("moto.server")
     import boto3
     from moto.core.authorization import enable_iam_authentication
@@ -500,8 +486,9 @@ def on_aws(spot: Synth) -> Iterator[dict[str, Any]]:
              "aws_secret_access_key": "testing"}
     try:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(SecretsManagerResponse, "_determine_resource", _determine_secret, raising=False)
-            patch.setattr(SimpleSystemManagerResponse, "_determine_resource", _determine_parameter, raising=False)
+            patch.setattr(SecretsManagerResponse, "_determine_resource", account_server.determine_secret, raising=False)
+            patch.setattr(SimpleSystemManagerResponse, "_determine_resource", account_server.determine_parameter,
+                          raising=False)
             secrets, ssm, iam = (boto3.client(s, **admin) for s in ("secretsmanager", "ssm", "iam"))
             key = "K" * MUNGE_KEY_LENGTH
             munge_arn = secrets.create_secret(Name="slurm-spot-munge", SecretString=key)["ARN"]

@@ -103,7 +103,8 @@ def test_nodes_registered_themselves_with_the_controller(home):
     from launcher.local import rehearsal_services
 
     rehearsal = state["rehearsal"]
-    sm = rehearsal_services.account(rehearsal["services"], "secretsmanager")
+    sm = rehearsal_services.account(rehearsal["services"], "secretsmanager", rehearsal["account_key"],
+                                    rehearsal["account_secret"])
     key = sm.get_secret_value(SecretId=rehearsal["secret"])["SecretString"].encode() + b"\n"
     assert len(key) == 1025  # the stack's 1024 characters, and the newline `--output text` ends them with
     node_key = home / "clusters/local/nodes/node0/upper/etc/munge/munge.key"
@@ -140,6 +141,47 @@ def test_nodes_boot_as_instances_of_the_image_boot(home):
     job_kib, slurmd_bytes = out[0], out[1]
     assert job_kib != "64", out
     assert job_kib == ("unlimited" if slurmd_bytes == "unlimited" else str(int(slurmd_bytes) // 1024)), out
+
+
+def test_the_account_enforces_the_stacks_roles_on_the_credentials_imds_hands_each_node(home):
+    """IMDS hands each node its instance profile's session (the head's role on the head, the node role elsewhere), and
+    the stand-in account enforces the stack's statements (infra/policies.py) on it: the head may move the cluster's
+    TTL (its epilog does, for --teardown), a worker or a reducer may not, and no role reads another secret. Unsigned
+    calls are refused too: the account is locked once the stack's part of it is made."""
+    from infra import ttl
+
+    parameter = ttl.parameter_name("local")
+    put = (f"aws ssm put-parameter --name {parameter} --value 2099-01-01T00:00:00Z --type String --overwrite "
+           "--query Version --output text 2>&1 | tail -c 300; ")
+    import boto3
+    from botocore.exceptions import ClientError
+
+    from launcher.local import rehearsal_services
+
+    r = cluster_state(home)["rehearsal"]
+    secrets = rehearsal_services.account(r["services"], "secretsmanager", r["account_key"], r["account_secret"])
+    elses = secrets.create_secret(Name=f"someone-elses-{time.time_ns()}", SecretString="not yours")["ARN"]
+    other = f"aws secretsmanager get-secret-value --secret-id {elses} --query Name --output text 2>&1 | tail -c 300"
+    identity = "aws sts get-caller-identity --query Arn --output text; "
+    said = {n: launch(home, "ssh", "--cluster", "local", n, identity + put + other, check=True).stdout
+            for n in ("head", "node0", "reducer0")}
+    assert said["head"].startswith("arn:aws:sts::123456789012:assumed-role/scaletrain-local-head/"), said["head"]
+    assert said["head"].split("\n")[1].isdigit(), said["head"]  # PutParameter's version: allowed
+    for node in ("node0", "reducer0"):
+        assert said[node].startswith("arn:aws:sts::123456789012:assumed-role/scaletrain-local-node/"), said[node]
+        assert "assumed-role/scaletrain-local-node/scaletrain-local-node is not authorized to perform: " \
+               "ssm:PutParameter" in said[node], said[node]
+    for node, text in said.items():
+        assert "not authorized to perform: secretsmanager:GetSecretValue" in text, (node, text)
+    secrets.delete_secret(SecretId=elses, ForceDeleteWithoutRecovery=True)
+    unsigned = boto3.client("ssm", endpoint_url=rehearsal_services.endpoint(r["services"]), region_name="us-east-1",
+                            aws_access_key_id="AKIAANYONE", aws_secret_access_key="anything")
+    with pytest.raises(ClientError) as refused:
+        unsigned.get_parameter(Name=parameter)
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    launcher = rehearsal_services.account(r["services"], "ssm", r["account_key"], r["account_secret"])
+    assert launcher.get_parameter(Name=parameter)["Parameter"]["Value"] == "2099-01-01T00:00:00Z"
+    launcher.delete_parameter(Name=parameter)  # the other tests' teardown reads it: as the cluster was
 
 
 def test_each_node_ran_the_stacks_own_user_data_for_its_role(home):

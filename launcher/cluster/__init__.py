@@ -81,6 +81,8 @@ class RehearsalInfo(BaseModel):
     services: str = ""                       # the services namespace's address: IMDS's and the account's
     storage: str = ""                        # the storage host's address: the nodes mount shared storage from it
     secret: str = ""                         # the munge key's secret ARN in that account (a cluster with Slurm)
+    account_key: str = ""                    # the launcher's own access key in that account (IAM is enforced there)
+    account_secret: str = ""
 
 
 class Cluster(BaseModel):

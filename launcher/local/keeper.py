@@ -75,7 +75,8 @@ def torn_down(c) -> bool:
     _ASKED["at"] = now
     try:
         if c.rehearsal.services not in _SSM:  # one client for the keeper's life: making one costs a tenth of a second
-            _SSM[c.rehearsal.services] = services_.account(c.rehearsal.services, "ssm")
+            _SSM[c.rehearsal.services] = services_.account(c.rehearsal.services, "ssm", c.rehearsal.account_key,
+                                                           c.rehearsal.account_secret)
         value = _SSM[c.rehearsal.services].get_parameter(Name=ttl.parameter_name(c.name))["Parameter"]["Value"]
         expiry = ttl.parse_expiry(value).timestamp()
     except Exception:  # no parameter yet (no --teardown job has ended), or the account is gone with the cluster

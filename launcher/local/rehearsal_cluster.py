@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import getpass
-import hashlib
 import json
 import os
 import shutil
@@ -25,11 +24,13 @@ import time
 from pathlib import Path
 
 from ami import paths
+from infra import policies
 from launcher import render
 from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, load, save
 from launcher.errors import LaunchError
 from launcher.files import keygen, write_atomic
 from launcher.local import keeper
+from launcher.local import rehearsal_account as account_
 from launcher.local import rehearsal_nodes as nodes_
 from launcher.local import rehearsal_root as rh
 from launcher.local import rehearsal_services as services_
@@ -38,7 +39,6 @@ from launcher.plans import imds, slurm
 from launcher.plans import rehearsal as plan
 
 HEAD = "head"                   # the head node's name (and host name) on a local cluster with Slurm
-NODE_ROLE = "node"              # the instance role IMDS hands every node's credentials for (the stack's NodeRole)
 
 RECORD = "rehearsal.json"  # written before anything is made: what `down` removes
 _RECORD_LOCK = threading.Lock()  # nodes boot in parallel threads
@@ -156,17 +156,15 @@ def _user_data(name: str, role: str, *, head_address: str | None, secret_arn: st
 
 
 def _instance(cluster_key: str, name: str, address: str, public_keys: list[str],
-              user_data: str, role: str | None) -> imds.Instance:
+              user_data: str, role: str | None, credentials: imds.Credentials | None) -> imds.Instance:
+    """IMDS's description of a node; `role` and `credentials` are its instance profile's role name and that role's
+    session in the stand-in account (launcher/local/rehearsal_account.py), None for a node with no role."""
     now = time.time()
     iid = plan.instance_id(cluster_key, name, address)
-    creds = imds.Credentials(access_key_id="ASIA" + iid[2:18].upper().ljust(16, "0"),
-                             secret_access_key=hashlib.sha256(iid.encode()).hexdigest(),
-                             token=hashlib.sha256(b"token" + iid.encode()).hexdigest(), expiration=now + 6 * 3600,
-                             last_updated=now)
     mac = "02:" + ":".join(iid[2 + 2 * i:4 + 2 * i] for i in range(5))
     return imds.Instance(instance_id=iid, instance_type="rehearsal", local_ipv4=address, hostname=name,
-                         region=plan.REGION, availability_zone=plan.ZONE, role=role,
-                         credentials=creds if role else None,
+                         region=plan.REGION, availability_zone=plan.ZONE, role=role if credentials else None,
+                         credentials=credentials if role else None,
                          public_keys=tuple(public_keys), ami_id="ami-0rehearsal0000000", mac=mac, launch_time=now,
                          user_data=user_data or None)
 
@@ -195,8 +193,11 @@ def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, storag
     finally:  # whatever part of it was made (the namespace before the veth) is ours to remove
         if nodes_.netns_exists(net.netns):
             _record(d, node=net)
+    # The head's instance profile is the head role's, every other node's the node role's, as in the stack.
+    acct = account_.load(d)
+    role = policies.HEAD_ROLE if name == HEAD else policies.NODE_ROLE
     inst = _instance(str(d.resolve()), name, net.address, public_keys, user_data,
-                     NODE_ROLE if user_data else None)
+                     acct.role_names[role] if acct else None, acct.roles[role] if acct else None)
     with _RECORD_LOCK:
         instances[net.address] = inst
         _publish(d, instances)
@@ -265,7 +266,18 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         storage_files = services_.start_storage(d, netw, shared, record)
         cpus = cpus_per_node(os.cpu_count() or 1, len(roles))
         workers = sum(1 for _, r in roles if r == "worker")
-        secret_arn = _munge_secret(netw.services.address, name) if with_slurm else None
+        # The account as the stack leaves it: the munge key's secret (every stack makes one), the two roles with
+        # the stack's statements and a session each for IMDS, the launcher's own user; then IAM on.
+        endpoint = services_.endpoint(netw.services.address)
+        try:
+            made_secret = _munge_secret(endpoint, name)
+            acct = account_.bootstrap(endpoint, name, secret_arn=made_secret)
+        except Exception as e:  # botocore's and urllib's errors: one line, then the cluster comes down
+            raise LaunchError(f"the rehearsal's account at {endpoint} failed while made as the stack makes it: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}; log: "
+                              f"{d / services_.LOG}") from None
+        account_.save(d, acct)
+        secret_arn = made_secret if with_slurm else None
         instances: dict[str, imds.Instance] = {}
         booted = {}
         head = None
@@ -293,7 +305,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
                              netns={n.name: n.netns for n in netw.nodes}, veth={n.name: n.veth for n in netw.nodes},
                              shared_host=str(shared), shared_mount=plan.SHARED_MOUNT, layers=layers.lowerdirs(),
                              services=netw.services.address, storage=netw.storage.address,
-                             secret=secret_arn or "")
+                             secret=secret_arn or "", account_key=acct.key, account_secret=acct.secret)
         c = Cluster(name=name, backend="local", user=user,
                     nodes=[Node(name=n, address=netw.node(n).address, port=22, role=role, slots=1, cpus=cpus,
                                 workdir=plan.NODE_WORKDIR) for n, role in roles],
@@ -312,12 +324,12 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
     return c
 
 
-def _munge_secret(services_address: str, name: str) -> str:
+def _munge_secret(endpoint: str, name: str) -> str:
     """The cluster's munge key as the stack makes it (infra/head.py, MungeKey: a generated Secrets Manager secret of
     letters and digits), in the stand-in account; its ARN, which the user data reads it by."""
     from infra.boot import MUNGE_KEY_LENGTH
 
-    sm = services_.account(services_address, "secretsmanager")
+    sm = account_._client(endpoint, "secretsmanager")  # before IAM is on: any caller, as CloudFormation's own
     key = sm.get_random_password(PasswordLength=MUNGE_KEY_LENGTH, ExcludePunctuation=True)["RandomPassword"]
     return sm.create_secret(Name=f"scaletrain-{name}-munge", SecretString=key)["ARN"]
 

@@ -25,8 +25,6 @@ from launcher.plans import rehearsal as plan
 INSTANCES = "instances.json"             # IMDS's map of address -> instance, rewritten as nodes come and go
 LOG = "services.log"
 START_TIMEOUT_S = 20.0
-ACCESS_KEY = "AKIAREHEARSALACCOUNT0"     # the launcher's own credentials for the stand-in account
-SECRET_KEY = "rehearsal-account-secret"
 
 
 def endpoint(address: str) -> str:
@@ -38,7 +36,7 @@ def _processes(d: Path, svc: plan.NodeNet, instances: Path) -> dict[str, list[st
     py = sys.executable
     return {"imds": ["ip", "netns", "exec", svc.netns, py, "-m", "launcher.local.imds", "--instances",
                      str(instances), "--bind", plan.IMDS_ADDRESS, "--port", str(plan.IMDS_PORT)],
-            "account": ["ip", "netns", "exec", svc.netns, py, "-m", "moto.server", "-H", svc.address,
+            "account": ["ip", "netns", "exec", svc.netns, py, "-m", "launcher.local.account_server", "-H", svc.address,
                         "-p", str(plan.ACCOUNT_PORT)]}
 
 
@@ -158,7 +156,7 @@ def is_ours(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
-    return ("launcher.local.imds" in cmdline or "moto.server" in cmdline
+    return ("launcher.local.imds" in cmdline or "launcher.local.account_server" in cmdline
             or f"{STORAGE_DIR}/sshd_config" in cmdline)
 
 
@@ -171,9 +169,10 @@ def stop(pid: int) -> None:
         os.waitpid(pid, 0)
 
 
-def account(address: str, service: str):
-    """A boto3 client of the stand-in account, from this machine."""
+def account(address: str, service: str, key: str, secret: str):
+    """A boto3 client of the stand-in account, from this machine, with the launcher's own key (RehearsalInfo's
+    account_key and account_secret: IAM is enforced there, launcher/local/rehearsal_account.py)."""
     import boto3
 
     return boto3.client(service, endpoint_url=endpoint(address), region_name=plan.REGION,
-                        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+                        aws_access_key_id=key, aws_secret_access_key=secret)

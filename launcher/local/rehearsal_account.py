@@ -1,0 +1,119 @@
+"""The local cluster's stand-in AWS account, made as the stack makes the real one's part, then locked.
+
+While moto still takes any caller (its INITIAL_NO_AUTH_ACTION_COUNT is unlimited at start), the launcher makes:
+- the two roles of the stack (infra/policies.py: NODE_ROLE, HEAD_ROLE), trusted by EC2 alone, each granted the
+  stack's own statements with this account's ARNs (the munge key's secret, the TTL parameter) and Session Manager's
+  managed policy (AmazonSSMManagedInstanceCore, moto's copy of it, inline: moto 5 loads no managed policies);
+- one session of each role (sts:AssumeRole, 12 h, the longest a role allows): the credentials IMDS hands every
+  instance of that role, as EC2 hands an instance profile's (iam/security-credentials/ROLE);
+- the launcher's own IAM user, allowed everything, whose key `launch local` and its keeper use;
+then it turns IAM on (moto's /moto-api/reset-auth with 0 free calls). From then on a call signed by a node's role
+credentials does what the stack's role lets it do and nothing else: a worker moving the TTL is AccessDenied.
+
+What a real account would do and this one does not: refresh the role's credentials before they expire (12 h here,
+longer than any local cluster lives), check the caller's source (aws:SourceVpc), and refuse a node that calls
+moto's own reset endpoint (moto has no such guard: it is a stand-in, reachable from the nodes' bridge only).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from infra import policies, ttl
+from launcher.plans import imds
+from launcher.plans import rehearsal as plan
+
+ACCOUNT_FILE = "account.json"           # in the cluster's directory, 0600: the launcher's key and the roles' sessions
+SESSION_S = 12 * 3600                   # MaxSessionDuration's upper bound (IAM CreateRole)
+LAUNCHER_USER = "scaletrain-launcher"
+ACCOUNT_ID = "123456789012"             # moto's default account
+
+
+@dataclass(frozen=True)
+class Account:
+    key: str                                 # the launcher's access key in the stand-in account
+    secret: str
+    roles: dict[str, imds.Credentials]       # role -> the session IMDS hands its instances
+    role_names: dict[str, str]               # role -> its name in IAM
+
+
+def role_name(cluster: str, role: str) -> str:
+    return f"scaletrain-{cluster}-{role}"
+
+
+def role_document(role: str, *, secret_arn: str, parameter_arn: str) -> dict:
+    """The role's inline policy: the stack's statements with this account's ARNs, and Session Manager's."""
+    from moto.iam.aws_managed_policies import aws_managed_policies_data
+
+    core = json.loads(aws_managed_policies_data)["AmazonSSMManagedInstanceCore"]["Document"]["Statement"]
+    return {"Version": policies.VERSION,
+            "Statement": [*policies.role_statements(role, secret_arn=secret_arn, parameter_arn=parameter_arn), *core]}
+
+
+def parameter_arn(cluster: str) -> str:
+    return f"arn:aws:ssm:{plan.REGION}:{ACCOUNT_ID}:parameter/{ttl.parameter_name(cluster).lstrip('/')}"
+
+
+def _client(endpoint: str, service: str, key: str = "bootstrap", secret: str = "bootstrap"):
+    import boto3
+
+    return boto3.client(service, endpoint_url=endpoint, region_name=plan.REGION, aws_access_key_id=key,
+                        aws_secret_access_key=secret)
+
+
+def bootstrap(endpoint: str, cluster: str, *, secret_arn: str) -> Account:
+    """Make the roles, their sessions and the launcher's user, then turn IAM on (see the module's docstring)."""
+    iam, sts = _client(endpoint, "iam"), _client(endpoint, "sts")
+    roles, names = {}, {}
+    for role in (policies.NODE_ROLE, policies.HEAD_ROLE):
+        name = names[role] = role_name(cluster, role)
+        arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(policies.trust_policy()),
+                              MaxSessionDuration=SESSION_S)["Role"]["Arn"]
+        iam.put_role_policy(RoleName=name, PolicyName="scaletrain-boot", PolicyDocument=json.dumps(
+            role_document(role, secret_arn=secret_arn, parameter_arn=parameter_arn(cluster))))
+        c = sts.assume_role(RoleArn=arn, RoleSessionName=name, DurationSeconds=SESSION_S)["Credentials"]
+        roles[role] = imds.Credentials(access_key_id=c["AccessKeyId"], secret_access_key=c["SecretAccessKey"],
+                                       token=c["SessionToken"], expiration=c["Expiration"].timestamp(),
+                                       last_updated=None)
+    iam.create_user(UserName=LAUNCHER_USER)
+    iam.put_user_policy(UserName=LAUNCHER_USER, PolicyName="everything", PolicyDocument=json.dumps(
+        {"Version": policies.VERSION, "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    access = iam.create_access_key(UserName=LAUNCHER_USER)["AccessKey"]
+    lock(endpoint)
+    return Account(key=access["AccessKeyId"], secret=access["SecretAccessKey"], roles=roles, role_names=names)
+
+
+def lock(endpoint: str) -> None:
+    """IAM on from the next call: moto's reset-auth with no free calls left."""
+    # The count in the body as bytes, not a form: Flask keeps a form-encoded body out of the request's data.
+    req = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                 headers={"Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
+
+
+def save(d: Path, account: Account) -> None:
+    from launcher.files import write_atomic
+
+    data = {"key": account.key, "secret": account.secret, "role_names": account.role_names,
+            "roles": {r: asdict(c) for r, c in account.roles.items()}}
+    write_atomic(d / ACCOUNT_FILE, json.dumps(data, indent=1) + "\n")  # the cluster's directory is 0700
+
+
+def load(d: Path) -> Account | None:
+    """The cluster's account, or None for a cluster made without one (--no-slurm makes none)."""
+    try:
+        data = json.loads((d / ACCOUNT_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    return Account(key=data["key"], secret=data["secret"], role_names=data["role_names"],
+                   roles={r: imds.Credentials(**c) for r, c in data["roles"].items()})
+
+
+def client(endpoint: str, account: Account, service: str):
+    """A boto3 client of the stand-in account with the launcher's own key."""
+    return _client(endpoint, service, account.key, account.secret)
+
