@@ -16,7 +16,7 @@ mkdir -p "$run"
 cleanup() { "${launch[@]}" local down >/dev/null 2>&1 && echo "== cluster is down"; }
 trap cleanup EXIT
 
-train=(--model resnet18 --image-size 32 --epochs 8 --batch-per-gpu 32 --warmup-epochs 1 --workers 1)
+train=(--model resnet18 --image-size 32 --epochs 3 --batch-per-gpu 32 --warmup-epochs 1 --workers 1)
 tail=(-- --lr-per-256 0.8 --log-every 5)
 if [ "$(id -u)" = 0 ]; then
     echo "== 1/3 cluster: 2 rehearsal nodes and a Slurm head node (the first time, the root is built: minutes,"
