@@ -46,7 +46,7 @@ IDLE_FUNCTION_SOURCE = Path(__file__).with_name("idle_function.py")
 INLINE_CODE_LIMIT = 4096  # bytes CloudFormation accepts in a Lambda ZipFile
 SCHEDULE_GROUP = "default"  # exists in every account and region; a per-cluster group would be one more resource
 EXPIRE_EVENT = {"action": "expire"}
-RETRY_MINUTES = 15  # from the expiry on, how often the guard calls DeleteStack until the stack is gone
+RETRY_MINUTES = 15  # how often the guard reads the expiry, from the deploy on, and calls DeleteStack once it passed
 
 
 def guard_source(path: Path = FUNCTION_SOURCE) -> str:
@@ -68,7 +68,8 @@ def ttl_parameter_arn(scope: Construct, cluster_name: str) -> str:
 
 
 class CostGuard(Construct):
-    """Deletes the stack at deploy time + ``ttl_hours`` (or the later time the launcher wrote to the parameter);
+    """Deletes the stack at deploy time + ``ttl_hours``, or at the time written to the parameter since (later: the
+    launcher extended it; now: a ``--teardown`` job's epilog ended it), within RETRY_MINUTES of that time;
     exposes the expiry, the parameter and the schedule's name and group."""
 
     def __init__(
@@ -157,8 +158,15 @@ class CostGuard(Construct):
             name=schedule_name,
             group_name=SCHEDULE_GROUP,
             description="scaletrain cost guard: delete the cluster stack from its TTL expiry on",
+            # From the deploy on, not from the expiry: Scheduler invokes nothing before a schedule's StartDate ("The
+            # date, in UTC, after which the schedule can begin invoking its target", CreateSchedule, EventBridge
+            # Scheduler API Reference: https://docs.aws.amazon.com/scheduler/latest/APIReference/API_CreateSchedule.html),
+            # so with StartDate = the deploy-time expiry a `launch train --teardown` epilog that moves the parameter to
+            # now was read at the original expiry, up to the whole TTL later. Every RETRY_MINUTES the function reads
+            # the parameter and deletes the stack once it has passed: a teardown takes effect within RETRY_MINUTES
+            # of the job's end. 96 invocations a day of a 128 MB function, well inside Lambda's and Scheduler's free
+            # tiers.
             schedule_expression=f"rate({RETRY_MINUTES} minutes)",
-            start_date=self.expires_at,
             flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
             state="ENABLED",
             target=scheduler.CfnSchedule.TargetProperty(
@@ -171,6 +179,8 @@ class CostGuard(Construct):
                 ),
             ),
         )
+        # The parameter first: the function counts a missing one as expired, and would delete a stack still being made.
+        self.schedule.node.add_dependency(self.parameter)
 
 
 IDLE_CHECK_MINUTES = 5  # how often the idle check runs: one CloudWatch period (infra.ttl.IDLE_PERIOD_S)

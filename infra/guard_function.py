@@ -3,10 +3,10 @@
 CloudFormation calls it as the Custom::TtlClock resource: on Create/Update it answers the expiry, now +
 TtlHours rounded up to the minute, as ExpiresAt (UTC). It fails the deploy when the stack has no
 CloudFormation service role: the guard could not delete such a stack.
-EventBridge Scheduler calls it from that expiry on with {"action": "expire"}: it reads the expiry from the
-TTL_PARAMETER SSM parameter (ExpiresAt, or later once the launcher extended it) and deletes the stack, with
-the stack's own service role, once it has passed; it is called again until the stack (and the schedule in
-it) is gone. A missing or unreadable parameter counts as expired: the schedule starts at ExpiresAt.
+EventBridge Scheduler calls it every 15 minutes from the deploy on with {"action": "expire"}: it reads the
+expiry from the TTL_PARAMETER SSM parameter (ExpiresAt, later once extended, now after a --teardown job) and
+deletes the stack, with the stack's own service role, once it has passed, until the stack (and the schedule
+in it) is gone. A missing or unreadable parameter counts as expired (the schedule is made after it).
 """
 
 import datetime

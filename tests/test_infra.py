@@ -608,7 +608,7 @@ def test_spot_uses_a_mixed_instances_policy(p5_spot: Synth) -> None:
 @pytest.mark.parametrize(
     ("name", "ttl_hours", "schedule"), [("p3_beegfs", "6", "scaletrain-ttl"), ("p5_spot", "24", "big-h100-ttl")]
 )
-def test_ttl_schedule_invokes_the_guard_at_the_deploy_time_expiry(
+def test_ttl_schedule_invokes_the_guard_from_the_deploy_on_so_a_teardown_acts_within_its_period(
     name: str, ttl_hours: str, schedule: str, request: pytest.FixtureRequest
 ) -> None:
     synth = shape(request, name)
@@ -619,10 +619,16 @@ def test_ttl_schedule_invokes_the_guard_at_the_deploy_time_expiry(
 
     props = synth.props("TtlSchedule")
     assert (props["Name"], props["GroupName"], props["State"]) == (schedule, "default", "ENABLED")
-    # The expiry comes from the clock at deploy time: nothing in the template depends on when it was synthesized.
-    # From then on the guard is called every 15 minutes until the stack, and this schedule with it, is gone.
-    assert props["StartDate"] == {"Fn::GetAtt": ["TtlClock", "ExpiresAt"]}
+    # Scheduler invokes nothing before a schedule's StartDate (CreateSchedule, EventBridge Scheduler API Reference):
+    # with StartDate at the deploy-time expiry, an epilog's --teardown (the parameter moved to now) waited for it,
+    # up to the whole TTL. No StartDate: the guard reads the parameter every 15 minutes from the deploy on, so the
+    # stack goes within 15 minutes of the time written there, whichever way it moved. The parameter is made first:
+    # the guard counts a missing one as expired.
+    assert "StartDate" not in props
     assert props["ScheduleExpression"] == "rate(15 minutes)"
+    parameter_id = next(k for k, r in synth.resources_all.items() if r["Type"] == "AWS::SSM::Parameter"
+                        and "ttl-expires-at" in json.dumps(r["Properties"].get("Name", "")))
+    assert parameter_id in synth.resources_all["TtlSchedule"].get("DependsOn", []), "the schedule before its parameter"
     assert "EndDate" not in props
     assert props["FlexibleTimeWindow"] == {"Mode": "OFF"}
     target = props["Target"]

@@ -152,9 +152,8 @@ def _cluster(cloudformation: Any, monkeypatch: pytest.MonkeyPatch, name: str = "
                                            RoleARN=SERVICE_ROLE)["StackId"]
     boto3.client("scheduler").create_schedule(
         Name=f"{name}-ttl", ScheduleExpression="rate(15 minutes)", FlexibleTimeWindow={"Mode": "OFF"},
-        StartDate=_at(DEPLOYED_EXPIRY), Target={"Arn": "arn:aws:lambda:us-east-1:123456789012:function:guard",
-                                                 "RoleArn": "arn:aws:iam::123456789012:role/scheduler",
-                                                 "Input": json.dumps({"action": "expire"})})
+        Target={"Arn": "arn:aws:lambda:us-east-1:123456789012:function:guard",
+                "RoleArn": "arn:aws:iam::123456789012:role/scheduler", "Input": json.dumps({"action": "expire"})})
     monkeypatch.setattr(guard_function, "STACK_ID", stack_id)
     monkeypatch.setattr(guard_function, "TTL_PARAMETER", ttl.parameter_name(name), raising=False)
     return stack_id
@@ -197,8 +196,8 @@ def test_expire_through_the_handler_deletes_an_expired_stack(cloudformation: Any
 
 
 def test_an_extended_ttl_keeps_the_stack_until_the_new_expiry(cloudformation: Any, monkeypatch) -> None:
-    """The schedule starts at the deploy-time expiry and never moves; `launch status --extend-ttl` writes a later
-    time to the parameter and the guard, run by the schedule from then on, waits for it."""
+    """The schedule runs the guard every 15 minutes from the deploy on; `launch status --extend-ttl` writes a later
+    time to the parameter and the guard waits for it."""
     stack_id = _cluster(cloudformation, monkeypatch)
     c = _discovered("scaletrain")
     start = aws.extend_ttl(boto3.Session(), c, 6, now=_at("2029-12-31T20:00:00Z"))
@@ -214,6 +213,23 @@ def test_an_extended_ttl_keeps_the_stack_until_the_new_expiry(cloudformation: An
     # ...until it has passed.
     assert guard_function.expire(_at("2030-01-01T06:00:00Z")) == {"deleting": stack_id}
     assert _status(cloudformation, stack_id) == "DELETE_COMPLETE"
+
+
+def test_a_teardown_long_before_the_deployed_expiry_deletes_the_stack_at_the_next_run(cloudformation: Any,
+                                                                                       monkeypatch) -> None:
+    """`launch train --teardown`: the job's epilog writes now to the parameter, hours before the deploy-time expiry.
+    The schedule's runs before that keep the stack; the first run after it, at most 15 minutes later, deletes it
+    (issue 37: with the schedule starting at the deployed expiry, nothing ran until then)."""
+    stack_id = _cluster(cloudformation, monkeypatch)
+    assert guard_function.expire(_at("2029-12-31T01:00:00Z")) == {"expires_at": DEPLOYED_EXPIRY}  # a day early
+    boto3.client("ssm").put_parameter(Name=ttl.parameter_name("scaletrain"), Value="2029-12-31T01:07:00Z",
+                                      Type="String", Overwrite=True)  # the epilog, at the job's end
+    assert guard_function.expire(_at("2029-12-31T01:06:59Z")) == {"expires_at": "2029-12-31T01:07:00Z"}
+    assert _status(cloudformation, stack_id) == "CREATE_COMPLETE"
+    assert guard_function.expire(_at("2029-12-31T01:15:00Z")) == {"deleting": stack_id}  # the next 15-minute run
+    assert _status(cloudformation, stack_id) == "DELETE_COMPLETE"
+    schedule = boto3.client("scheduler").get_schedule(Name="scaletrain-ttl")
+    assert "StartDate" not in schedule and schedule["ScheduleExpression"] == "rate(15 minutes)"
 
 
 def test_extending_needs_only_the_documented_permissions_and_no_pass_role(cloudformation: Any, monkeypatch) -> None:
