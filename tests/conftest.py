@@ -82,3 +82,16 @@ def pytest_xdist_make_scheduler(config, log):
             return groups[path]
 
     return GroupScheduling(config, log)
+
+
+@pytest.fixture
+def ssm_plugin(tmp_path, monkeypatch):
+    """The AWS CLI's Session Manager plugin on PATH, as on a machine set up for the AWS path (README): a stand-in
+    that is never run (no test opens an SSM session); preflight and the SSH to an AWS cluster's nodes look for it."""
+    bin_ = tmp_path / "ssm-plugin-bin"
+    bin_.mkdir()
+    plugin = bin_ / "session-manager-plugin"
+    plugin.write_text("#!/bin/sh\necho 'session-manager-plugin stand-in: not for use' >&2\nexit 1\n")
+    plugin.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    return plugin

@@ -47,7 +47,22 @@ def lines(verdicts, check, status=None):
 def test_a_ready_account_passes_every_check():
     verdicts = preflight.decide(spec(az="us-east-1a"), facts())
     assert not preflight.failed(verdicts), preflight.render(verdicts)
-    assert {v.check for v in verdicts} == {"offering", "quota", "image"}
+    assert {v.check for v in verdicts} == {"offering", "quota", "image", "ssm-plugin"}
+
+
+def test_without_the_session_manager_plugin_preflight_fails_in_one_line_naming_the_install_page():
+    """Every SSH to a node runs `aws ssm start-session`, which needs the plugin: without it the first SSH would fail
+    after the stack is paid for (issue 37 item 4)."""
+    import dataclasses
+
+    verdicts = preflight.decide(spec(az="us-east-1a"), dataclasses.replace(facts(), ssm_plugin=None))
+    [line] = lines(verdicts, "ssm-plugin", "FAIL")
+    assert line == ("the AWS CLI's Session Manager plugin (session-manager-plugin) is not on PATH, and every SSH to "
+                    "a node goes through SSM Session Manager: install it as https://docs.aws.amazon.com/"
+                    "systems-manager/latest/userguide/session-manager-working-with-install-plugin.html says")
+    assert preflight.failed(verdicts)
+    found = preflight.decide(spec(az="us-east-1a"), dataclasses.replace(facts(), ssm_plugin="/usr/local/bin/s-m-p"))
+    assert lines(found, "ssm-plugin", "ok") == ["Session Manager plugin: /usr/local/bin/s-m-p"]
 
 
 # --- offering ------------------------------------------------------------------------------------------------
@@ -332,6 +347,6 @@ def test_render_and_summary_read_as_one_line_each():
     verdicts = preflight.decide(spec(instance_type="p5en.48xlarge"), facts())
     out = preflight.render(verdicts)
     assert out[0].startswith("FAIL  offering ") and all("\n" not in line for line in out)
-    assert preflight.summary(spec(), verdicts, []).startswith("preflight: 1 of 5 checks fail")
+    assert preflight.summary(spec(), verdicts, []).startswith("preflight: 1 of 6 checks fail")
     ok = preflight.decide(spec(), facts())
     assert preflight.summary(spec(), ok, ["nodes=8"]).endswith("deploy with `npx cdk deploy -c nodes=8`")

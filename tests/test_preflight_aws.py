@@ -19,6 +19,9 @@ from launcher import cli
 from launcher.cluster.aws import api as aws
 from launcher.execute import preflight as preflight_shell
 
+# A machine set up for the AWS path has the Session Manager plugin (README); its absence is tested in test_preflight.
+pytestmark = pytest.mark.usefixtures("ssm_plugin")
+
 NOW = dt.datetime.now(dt.timezone.utc)
 CR = "cr-0123456789abcdef0"
 UBUNTU = "ami-785db401"  # one of moto's default images: Ubuntu, x86_64, root /dev/sda1
@@ -167,7 +170,8 @@ def test_preflight_passes_when_the_account_is_ready_and_prints_the_deploy_comman
     assert code == 0, out + [err]
     assert [line.split()[:2] for line in out[:-1]] == [["ok", "offering"], ["ok", "offering"], ["ok", "quota"],
                                                        ["ok", "quota"], ["ok", "interfaces"],
-                                                       ["info", "capacity-block"], ["ok", "image"]], out
+                                                       ["info", "capacity-block"], ["ok", "image"],
+                                                       ["ok", "ssm-plugin"]], out
     assert any(line.startswith("ok    quota           Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) "
                                "instances (L-1216C47A): 2 vCPUs needed (head: 1 x m5.large x 2)") for line in out), out
     assert out[-1].endswith("deploy with `npx cdk deploy -c instance_type=p5en.48xlarge -c nodes=2 -c "

@@ -127,7 +127,7 @@ def quotas(s: boto3.Session, values: dict[str, float]) -> None:
     s.events.register(event, reply, unique_id="quotas-by-code")
 
 
-def test_the_shell_counts_the_interfaces_that_exist_against_the_vpc_quota(sess, capsys):  # noqa: F811
+def test_the_shell_counts_the_interfaces_that_exist_against_the_vpc_quota(sess, capsys, ssm_plugin):  # noqa: F811
     publish_image(sess)
     ec2 = sess.client("ec2")
     subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]

@@ -272,6 +272,9 @@ def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ..
     check_aws_options(region, profile)
     c = resolve(cluster, region, profile, reach=True)
     c.machine(node)
+    from launcher.execute import remote
+
+    remote.require_ssm_plugin(c)
     argv = ssh_argv(c.ssh_config, node, command or [])
     os.execvp(argv[0], argv)
 

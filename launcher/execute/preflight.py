@@ -13,6 +13,7 @@ image yet also ec2:DescribeInstanceTypes, ec2:DescribeVpcs, ec2:DescribeSubnets,
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -179,4 +180,5 @@ def gather(sess: boto3.Session, spec: ClusterSpec, *, now: dt.datetime | None = 
         unbuilt = image.unread is None and image.parameter is not None and (image.ami is None or image.image is None)
         build = read_build(ec2, sq, cw, now) if unbuilt else None
     return Facts(region=spec.region, zones=zones, offered=offered, quotas=quotas, image=image,
-                 reservation=reservation, block_offerings=blocks, now=now, interfaces=interfaces, build=build)
+                 reservation=reservation, block_offerings=blocks, now=now, interfaces=interfaces, build=build,
+                 ssm_plugin=shutil.which(preflight.SSM_PLUGIN))

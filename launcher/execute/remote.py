@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -23,6 +24,7 @@ from paramiko import RejectPolicy
 
 from launcher.cluster import WORKDIR_SHELL, Cluster, Node
 from launcher.errors import LaunchError
+from launcher.plans import preflight
 
 # paramiko's transport thread logs a failed connection with its traceback (through logging's last-resort
 # stderr handler); the caller gets the same failure as an exception and says it in one line.
@@ -68,9 +70,29 @@ def _config(cluster: Cluster, timeout_s: float | None = None) -> Config:
                              "timeouts": {"connect": 15}, "load_ssh_configs": True})
 
 
+def through_ssm(cluster: Cluster) -> bool:
+    """Whether SSH to this cluster's nodes runs ``aws ssm start-session`` (access.ssm_proxy_command: every AWS
+    cluster's own ssh_config), which needs the AWS CLI's Session Manager plugin."""
+    if cluster.backend != "aws":
+        return False
+    try:
+        return "ssm start-session" in Path(cluster.ssh_config).read_text()
+    except OSError:
+        return False
+
+
+def require_ssm_plugin(cluster: Cluster) -> None:
+    """One line naming what to install when SSH to ``cluster`` needs the Session Manager plugin and it is missing."""
+    if through_ssm(cluster) and (problem := preflight.ssm_plugin_problem(shutil.which(preflight.SSM_PLUGIN))):
+        raise LaunchError(problem)
+
+
 def connect(cluster: Cluster, node: Node, *, timeout_s: float | None = None) -> Connection:
     """`timeout_s` bounds each step of reaching the node (TCP, SSH banner, auth, opening a channel): a frozen
-    sshd accepts TCP but never sends its banner, and paramiko would wait on it for minutes."""
+    sshd accepts TCP but never sends its banner, and paramiko would wait on it for minutes. An AWS cluster's nodes
+    are reached through SSM Session Manager: without its plugin, one line saying what to install
+    (plans/preflight.ssm_plugin_problem), not the AWS CLI's message from inside a ProxyCommand."""
+    require_ssm_plugin(cluster)
     return _pin(_KeptAlive(node.name, config=_config(cluster, timeout_s), connect_timeout=timeout_s), cluster)
 
 

@@ -168,6 +168,7 @@ class Facts:
     block_offerings: list[Mapping[str, Any]] | Unread | None = None  # None: not asked
     interfaces: Any = None  # launcher.plans.preflight_limits.InterfaceFacts; None: not read
     build: Any = None       # launcher.plans.preflight_limits.BuildFacts, read when there is no image; None: not asked
+    ssm_plugin: str | None = "session-manager-plugin"  # where the Session Manager plugin is on PATH; None: not there
 
 
 # --- Context -------------------------------------------------------------------------------------------------
@@ -446,12 +447,35 @@ def hint_blocks(spec: ClusterSpec, facts: Facts) -> list[Verdict]:
                       f"-c az={first.get('AvailabilityZone')}")]
 
 
+SSM_PLUGIN = "session-manager-plugin"
+SSM_PLUGIN_DOC = ("https://docs.aws.amazon.com/systems-manager/latest/userguide/"
+                  "session-manager-working-with-install-plugin.html")
+
+
+def ssm_plugin_problem(found: str | None) -> str | None:
+    """The one line for a missing Session Manager plugin, or None. Every SSH to a node goes through ``aws ssm
+    start-session`` (launcher/cluster/aws/access.py), and the AWS CLI runs the plugin for it; without it the first
+    SSH fails with the CLI's "SessionManagerPlugin is not found", after the stack is paid for ("Install the Session
+    Manager plugin for the AWS CLI", AWS Systems Manager User Guide)."""
+    if found:
+        return None
+    return (f"the AWS CLI's Session Manager plugin ({SSM_PLUGIN}) is not on PATH, and every SSH to a node goes "
+            f"through SSM Session Manager: install it as {SSM_PLUGIN_DOC} says")
+
+
+def check_ssm_plugin(facts: Facts) -> list[Verdict]:
+    problem = ssm_plugin_problem(facts.ssm_plugin)
+    if problem:
+        return [Verdict("ssm-plugin", "FAIL", problem)]
+    return [Verdict("ssm-plugin", "ok", f"Session Manager plugin: {facts.ssm_plugin}")]
+
+
 def decide(spec: ClusterSpec, facts: Facts) -> list[Verdict]:
     from launcher.plans import preflight_limits as limits  # it builds on this module's types
 
     return [*check_offerings(spec, facts), *check_quotas(spec, facts), *limits.check_interfaces(spec, facts.interfaces),
             *check_reservation(spec, facts), *hint_blocks(spec, facts), *check_image(spec, facts),
-            *limits.check_image_build(spec, facts.build)]
+            *limits.check_image_build(spec, facts.build), *check_ssm_plugin(facts)]
 
 
 # --- Output --------------------------------------------------------------------------------------------------
