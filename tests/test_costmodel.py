@@ -475,3 +475,15 @@ def test_check_run_reports_how_far_off_the_model_was():
                      loop_s=check.predicted_loop_s).verdict().startswith("measured throughput matched")
     with pytest.raises(ValueError, match="positive measured"):
         check_run(predicted, images=0, images_per_sec=1.0, loop_s=1.0)
+
+
+def test_the_run_checks_dollars_are_the_clusters_hourly_price_times_hours() -> None:
+    """An hour of the loop costs the cluster's price for an hour, a minute a sixtieth of it (issue 37 item 10: the
+    division by 3600 made 60 was caught by no test; the report's dollars would be 60 times off)."""
+    predicted = estimate(P3, 8, IMAGENET_90)
+    hourly = predicted.cluster_usd_per_hour
+    images = round(predicted.images_per_sec * 3600)
+    check = check_run(predicted, images=images, images_per_sec=predicted.images_per_sec, loop_s=3600.0)
+    assert check.cost(3600) == pytest.approx(hourly) and check.cost(60) == pytest.approx(hourly / 60)
+    (row,) = [r for r in check.rows if r[0].startswith("cost at ")]
+    assert row[0] == f"cost at ${hourly:,.2f}/h" and row[1] == f"${hourly:,.2f}" and row[2] == f"${hourly:,.2f}"

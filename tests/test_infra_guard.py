@@ -342,6 +342,25 @@ def test_idle_check_keeps_a_stack_whose_nodes_worked_within_idle_minutes(cloudfo
     assert _status(cloudformation, idle_stack) == "CREATE_COMPLETE"
 
 
+def test_the_idle_threshold_is_half_a_vcpu_in_literal_figures() -> None:
+    """Figures written out, not computed with the function under test (issue 37 item 10): a node using just under
+    one core is busy on the largest type, a node at a third of a core is idle on the smallest."""
+    assert [ttl.idle_cpu_percent(v) for v in (8, 72, 96, 192)] == [6.25, 0.694, 0.521, 0.26]
+    assert ttl.idle_cpu_percent(192) < 0.9 / 192 * 100        # 0.9 of a core on a p5.48xlarge: busy
+    assert ttl.idle_cpu_percent(8) > 0.33 / 8 * 100            # a third of a core on an 8-vCPU node: idle
+
+
+@pytest.mark.parametrize(("percent", "busy"), [(0.26, True), (0.259, False)])
+def test_a_period_at_the_threshold_is_busy_and_one_just_under_it_is_not(cloudformation, idle_stack, percent,
+                                                                         busy) -> None:
+    """The comparison's boundary: a period whose maximum reaches the group's threshold is busy (>=)."""
+    _cpu(WORKERS, list(range(2, 120)), 0.1)
+    _cpu(REDUCERS, list(range(2, 120)), 0.2)
+    _cpu(WORKERS, [10], percent)  # P5_BUSY is 0.26
+    result = idle_function.check(NOW)
+    assert ("deleting" not in result) == busy, result
+
+
 @pytest.mark.parametrize("minutes_ago", [[], list(range(25, 120))])
 def test_no_recent_cpu_data_decides_nothing(cloudformation, idle_stack, minutes_ago) -> None:
     """No datapoint (nodes still launching, or all gone) is no evidence of idleness."""

@@ -245,6 +245,12 @@ def _run_epilog(epilog: Path, tmp_path: Path, *, comment: str, state: str, aws_c
 @pytest.mark.parametrize("comment,state,moves", [
     (slurm.TEARDOWN_COMMENT, "COMPLETED", True), (slurm.TEARDOWN_COMMENT, "FAILED", True),
     (slurm.TEARDOWN_COMMENT, "PENDING", False),  # requeued after a lost node: the run goes on
+    # A job being requeued (squeue(1), JOB STATE CODES: REQUEUED "Completing job is being requeued", REQUEUE_HOLD,
+    # REQUEUE_FED): with --max-restarts the run goes on, and deleting the stack now would end it (issue 37 item 10).
+    (slurm.TEARDOWN_COMMENT, "REQUEUED", False), (slurm.TEARDOWN_COMMENT, "REQUEUE_HOLD", False),
+    (slurm.TEARDOWN_COMMENT, "REQUEUE_FED", False),
+    (slurm.TEARDOWN_COMMENT, "CANCELLED", True), (slurm.TEARDOWN_COMMENT, "TIMEOUT", True),
+    (slurm.TEARDOWN_COMMENT, "NODE_FAIL", True),  # out of restarts: nothing more will run
     ("", "COMPLETED", False), ("something else", "COMPLETED", False)])
 def test_the_epilog_moves_the_ttl_to_now_only_when_a_teardown_job_has_ended(
     spot: Synth, tmp_path: Path, comment: str, state: str, moves: bool
