@@ -23,6 +23,8 @@ from clusterutil import (
 )
 from test_slurm_cluster import submitted, wait_for
 
+from launcher.plans import restarts
+
 pytestmark = [pytest.mark.cluster, needs_root]
 
 
@@ -43,7 +45,11 @@ def test_a_lost_head_node_is_one_line_and_a_resume_continues_from_the_checkpoint
                                   "checkpoints are on the shared storage", "launch train --resume --out DIR")
         # The job's step runs on without its controller: a resume now would write the same directory.
         again = ["train", "--data", SHARDS, "--epochs", "12", *TINY, "--output", run, "--resume"]
-        assert_one_line_error(launch(home, *again), "a job it started still runs on node0", "pkill -f")
+        # On the job's batch host: the first node of the allocation, which Slurm lists in registration order (node0 or
+        # node1), as the step itself recorded it.
+        batch_host = on_host(home, f"{run}/{restarts.BATCH_HOST_FILE}").read_text().split()[0]
+        assert batch_host in ("node0", "node1"), batch_host
+        assert_one_line_error(launch(home, *again), f"a job it started still runs on {batch_host}", "pkill -f")
         launch(home, "exec", "--", "pkill", "-f", "[l]auncher.execute.jobstep")
 
         def stopped():
