@@ -124,7 +124,8 @@ def test_jobs_logs_and_cancel_look_in_the_region_given(argv, env, capsys):  # no
     assert "on AWS: no stack 'nosuch' in eu-west-1 " in capsys.readouterr().err
 
 
-def test_ssh_reaches_a_stack_in_the_region_given_with_region(env, no_console, monkeypatch, capsys):  # noqa: F811
+def test_ssh_reaches_a_stack_in_the_region_given_with_region(env, no_console, monkeypatch, capsys,  # noqa: F811
+                                                             ssm_plugin):
     """A stack this machine has not seen is made reachable first, as `launch discover` makes it (nodes ready, the
     launcher's key sent over SSM, the nodes' access files), then ssh runs; --region wins over the environment."""
     from launcher.execute import awsrun

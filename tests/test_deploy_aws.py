@@ -21,6 +21,9 @@ from launcher.cluster.aws import deploy
 from launcher.errors import LaunchError
 from launcher.plans import capacity
 
+# A machine set up for the AWS path has the Session Manager plugin (README): `launch up`'s preflight looks for it.
+pytestmark = pytest.mark.usefixtures("ssm_plugin")
+
 STACK = "scaletrain"
 
 
