@@ -465,9 +465,8 @@ def ssm_plugin_problem(found: str | None) -> str | None:
 
 def check_ssm_plugin(facts: Facts) -> list[Verdict]:
     problem = ssm_plugin_problem(facts.ssm_plugin)
-    if problem:
-        return [Verdict("ssm-plugin", "FAIL", problem)]
-    return [Verdict("ssm-plugin", "ok", f"Session Manager plugin: {facts.ssm_plugin}")]
+    return [Verdict("ssm-plugin", "FAIL", problem) if problem else
+            Verdict("ssm-plugin", "ok", f"Session Manager plugin: {facts.ssm_plugin}")]
 
 
 def decide(spec: ClusterSpec, facts: Facts) -> list[Verdict]:
