@@ -34,7 +34,7 @@ def made() -> Iterator[dict]:
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        sm = account_._client(endpoint, "secretsmanager")
+        sm = account_.client(endpoint, "secretsmanager")
         munge = sm.create_secret(Name="scaletrain-t-munge", SecretString="K" * 16)["ARN"]
         other = sm.create_secret(Name="someone-elses", SecretString="not yours")["ARN"]
         yield {"endpoint": endpoint, "munge": munge, "other": other,
@@ -85,11 +85,11 @@ def test_each_role_does_what_the_stack_lets_it_and_nothing_else(made: dict) -> N
 
 def test_once_made_the_account_is_locked_and_the_launcher_has_its_own_key(made: dict, tmp_path: Path) -> None:
     with pytest.raises(ClientError) as refused:
-        account_._client(made["endpoint"], "ssm").describe_parameters()
+        account_.client(made["endpoint"], "ssm").describe_parameters()
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
     with pytest.raises(ClientError):  # the lock covers making more: no caller without a key makes a role
-        account_._client(made["endpoint"], "iam").create_role(RoleName="mine", AssumeRolePolicyDocument="{}")
-    launcher = account_.client(made["endpoint"], made["account"], "iam")
+        account_.client(made["endpoint"], "iam").create_role(RoleName="mine", AssumeRolePolicyDocument="{}")
+    launcher = account_.client(made["endpoint"], "iam", made["account"].key, made["account"].secret)
     assert launcher.get_role(RoleName="scaletrain-t-head")["Role"]["MaxSessionDuration"] == account_.SESSION_S
     trust = launcher.get_role(RoleName="scaletrain-t-node")["Role"]["AssumeRolePolicyDocument"]
     assert (json.loads(trust) if isinstance(trust, str) else trust) == policies.trust_policy()

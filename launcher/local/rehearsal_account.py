@@ -26,7 +26,7 @@ from infra import policies, ttl
 from launcher.plans import imds
 from launcher.plans import rehearsal as plan
 
-ACCOUNT_FILE = "account.json"           # in the cluster's directory, 0600: the launcher's key and the roles' sessions
+ACCOUNT_FILE = "account.json"           # in the cluster's directory (0700): the launcher's key, the roles' sessions
 SESSION_S = 12 * 3600                   # MaxSessionDuration's upper bound (IAM CreateRole)
 LAUNCHER_USER = "scaletrain-launcher"
 ACCOUNT_ID = "123456789012"             # moto's default account
@@ -57,7 +57,9 @@ def parameter_arn(cluster: str) -> str:
     return f"arn:aws:ssm:{plan.REGION}:{ACCOUNT_ID}:parameter/{ttl.parameter_name(cluster).lstrip('/')}"
 
 
-def _client(endpoint: str, service: str, key: str = "bootstrap", secret: str = "bootstrap"):
+def client(endpoint: str, service: str, key: str = "bootstrap", secret: str = "bootstrap"):
+    """A boto3 client of the stand-in account at ``endpoint``: with the launcher's own key (Account.key, .secret)
+    once IAM is on; any key does before (while the account is made)."""
     import boto3
 
     return boto3.client(service, endpoint_url=endpoint, region_name=plan.REGION, aws_access_key_id=key,
@@ -66,7 +68,7 @@ def _client(endpoint: str, service: str, key: str = "bootstrap", secret: str = "
 
 def bootstrap(endpoint: str, cluster: str, *, secret_arn: str) -> Account:
     """Make the roles, their sessions and the launcher's user, then turn IAM on (see the module's docstring)."""
-    iam, sts = _client(endpoint, "iam"), _client(endpoint, "sts")
+    iam, sts = client(endpoint, "iam"), client(endpoint, "sts")
     roles, names = {}, {}
     for role in (policies.NODE_ROLE, policies.HEAD_ROLE):
         name = names[role] = role_name(cluster, role)
@@ -111,9 +113,4 @@ def load(d: Path) -> Account | None:
         return None
     return Account(key=data["key"], secret=data["secret"], role_names=data["role_names"],
                    roles={r: imds.Credentials(**c) for r, c in data["roles"].items()})
-
-
-def client(endpoint: str, account: Account, service: str):
-    """A boto3 client of the stand-in account with the launcher's own key."""
-    return _client(endpoint, service, account.key, account.secret)
 

@@ -163,8 +163,7 @@ def _instance(cluster_key: str, name: str, address: str, public_keys: list[str],
     iid = plan.instance_id(cluster_key, name, address)
     mac = "02:" + ":".join(iid[2 + 2 * i:4 + 2 * i] for i in range(5))
     return imds.Instance(instance_id=iid, instance_type="rehearsal", local_ipv4=address, hostname=name,
-                         region=plan.REGION, availability_zone=plan.ZONE, role=role if credentials else None,
-                         credentials=credentials if role else None,
+                         region=plan.REGION, availability_zone=plan.ZONE, role=role, credentials=credentials,
                          public_keys=tuple(public_keys), ami_id="ami-0rehearsal0000000", mac=mac, launch_time=now,
                          user_data=user_data or None)
 
@@ -329,7 +328,7 @@ def _munge_secret(endpoint: str, name: str) -> str:
     letters and digits), in the stand-in account; its ARN, which the user data reads it by."""
     from infra.boot import MUNGE_KEY_LENGTH
 
-    sm = account_._client(endpoint, "secretsmanager")  # before IAM is on: any caller, as CloudFormation's own
+    sm = account_.client(endpoint, "secretsmanager")  # before IAM is on: any caller, as CloudFormation's own
     key = sm.get_random_password(PasswordLength=MUNGE_KEY_LENGTH, ExcludePunctuation=True)["RandomPassword"]
     return sm.create_secret(Name=f"scaletrain-{name}-munge", SecretString=key)["ARN"]
 

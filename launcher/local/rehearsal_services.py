@@ -172,7 +172,6 @@ def stop(pid: int) -> None:
 def account(address: str, service: str, key: str, secret: str):
     """A boto3 client of the stand-in account, from this machine, with the launcher's own key (RehearsalInfo's
     account_key and account_secret: IAM is enforced there, launcher/local/rehearsal_account.py)."""
-    import boto3
+    from launcher.local import rehearsal_account
 
-    return boto3.client(service, endpoint_url=endpoint(address), region_name=plan.REGION,
-                        aws_access_key_id=key, aws_secret_access_key=secret)
+    return rehearsal_account.client(endpoint(address), service, key, secret)
