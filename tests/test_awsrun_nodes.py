@@ -137,9 +137,9 @@ def test_raw_imagenet_is_converted_on_every_node_once_and_trains(env, installed,
     assert result.summary and result.summary["ranks"] == 2
 
     # Before a teardown deletes the cluster's storage, the run's record and newest checkpoint come back here.
-    from launcher.cli import train as cli
+    from launcher.cli import trainreport
 
-    cli._fetch_record(c, c.workers[0], spec.output, newest_checkpoint=True)
+    trainreport.fetch_record(c, c.workers[0], spec.output, newest_checkpoint=True)
     fetched = home / "runs" / c.name / "r1"
     assert f"to {fetched}" in capsys.readouterr().out
     assert json.loads((fetched / "summary.json").read_text()) == result.summary

@@ -8,7 +8,7 @@ import pytest
 
 from infra.catalog import get
 from launcher import cluster as clusters
-from launcher.cli import train as cli
+from launcher.cli import trainreport
 from launcher.cluster import Cluster, Node
 from launcher.cost import measured
 from launcher.cost.inputs import imagenet
@@ -43,7 +43,7 @@ def home(tmp_path, monkeypatch):
 def report(cluster: Cluster, summary: dict, capsys, *, pass_cluster: bool) -> str:
     spec = plan.TrainSpec(data="/shared/imagenet", output="/shared/runs/r1", epochs=summary["epochs"])
     result = run.RunResult(exit_code=0, output=spec.output, train_images=1_281_167, summary=summary)
-    cli._report(cluster.workers, spec, result, cluster if pass_cluster else None)
+    trainreport.report(cluster.workers, spec, result, cluster if pass_cluster else None)
     return capsys.readouterr().out
 
 
@@ -84,7 +84,7 @@ def test_a_local_cpu_run_says_the_model_does_not_cover_it_and_still_prices_aws(h
                "train_images": 288, "images_per_sec": 40.0, "time_s": 7.2, "precision": "fp32", "device": "cpu",
                "top1": 0.5, "top5": 1.0}
     spec = plan.TrainSpec(data="/d", output="/o", model="resnet18", image_size=32, epochs=3, batch_per_gpu=8)
-    cli._report(local.workers, spec, run.RunResult(0, "/o", 96, summary), local)
+    trainreport.report(local.workers, spec, run.RunResult(0, "/o", 96, summary), local)
     out = capsys.readouterr().out
     assert "measured vs predicted: not available" in out and "ran on CPUs of the local cluster 'local'" in out
     assert "the same run on AWS (2 node(s), 96 images x 3 epochs)" in out

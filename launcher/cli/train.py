@@ -3,14 +3,15 @@ record, and report accuracy, measured against predicted throughput, and what the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from launcher import cluster as clusters
+from launcher.cli import trainreport
 from launcher.cli.common import (
     ClusterOpt,
     ProfileOpt,
@@ -19,7 +20,6 @@ from launcher.cli.common import (
     check_seconds,
     chosen_engine,
     console,
-    err,
     stack_session,
     target,
     usage_error,
@@ -27,7 +27,7 @@ from launcher.cli.common import (
 from launcher.errors import LaunchError
 from launcher.execute import remote, run
 from launcher.local import backend as local
-from launcher.plans import job
+from launcher.plans import job, watchdog
 
 app = typer.Typer()
 
@@ -83,15 +83,61 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                                                  "from there when --out lost it. The bucket must be in the "
                                                  "stack's region.")):
     """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
+    o = _checked(trainer_args, nodes=nodes, data=data, model=model, image_size=image_size, epochs=epochs,
+                 batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers, engine=engine,
+                 reducers=reducers, out=out, output=output, resume=resume, teardown=teardown, region=region,
+                 profile=profile, ready_timeout=ready_timeout, probe_interval=probe_interval,
+                 probe_misses=probe_misses, stall_timeout=stall_timeout, max_restarts=max_restarts,
+                 checkpoint_to=checkpoint_to)
+    c, stack = target(cluster)
+    if stack is not None:
+        _on_aws(c, stack, cluster, o)
+    elif c is not None and c.head is not None and _head_answers(c, o.nodes):
+        _on_slurm(c, o, output=o.output or f"{c.shared_root}/runs/{o.stamp}", data=o.data)
+    else:
+        assert c is not None
+        _on_local(c, o)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """`launch train`'s options once checked: what each path (Slurm's job, mpirun from here, AWS) reads."""
+
+    nodes: int | None
+    data: str | None
+    output: str | None
+    teardown: bool
+    max_restarts: int
+    stall_timeout: float
+    region: str | None
+    profile: str | None
+    ready_timeout: float
+    checkpoint_to: str | None
+    reducers: int
+    engine: str
+    watch: watchdog.Watch
+    stamp: str
+    trainer: job.TrainSpec  # the trainer's options; each path fills in its data and run directory
+
+    def spec(self, data_path: str, out: str = "", *, resume: bool | None = None) -> job.TrainSpec:
+        return self.trainer.model_copy(update={"data": data_path, "output": out} |
+                                       ({} if resume is None else {"resume": resume}))
+
+
+def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | None, model: str, image_size: int,
+             epochs: int, batch_per_gpu: int, warmup_epochs: float | None, workers: int | None, engine: str,
+             reducers: int, out: str | None, output: str | None, resume: bool, teardown: bool, region: str | None,
+             profile: str | None, ready_timeout: float, probe_interval: float, probe_misses: int,
+             stall_timeout: float, max_restarts: int, checkpoint_to: str | None) -> _Options:
+    """Every option checked here, before a cluster or AWS is asked: a bad one is a usage error (exit 2, one line)."""
     from training.model import check_model
+    from training.schedule import default_warmup_epochs, epochs_problem, warmup_problem
 
     try:
         check_model(model)
     except ValueError as e:
         raise usage_error(str(e)) from None
     engine = chosen_engine(engine, reducers, job.ENGINES, tier_with="horovod")
-    from training.schedule import epochs_problem
-
     if problem := epochs_problem(epochs):  # the trainer's own limit, said here before any node is asked
         raise usage_error(problem)
     for name, value in (("--batch-per-gpu", batch_per_gpu), ("--image-size", image_size)):
@@ -102,8 +148,6 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     output = out if out is not None else output  # --output: the old name, kept working
     if output is not None and not output.strip():
         raise usage_error(f"--out needs a directory name, got {output!r}")
-    from training.schedule import default_warmup_epochs, warmup_problem
-
     if problem := warmup_problem(default_warmup_epochs(epochs) if warmup_epochs is None else warmup_epochs, epochs):
         raise usage_error(problem)
     if resume and output is None:
@@ -132,109 +176,107 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
     if not stall_timeout >= 0:
         raise usage_error(f"--stall-timeout must be a number of seconds >= 0 (0: no silence check), "
                           f"got {stall_timeout:g}")
-    from launcher.plans import watchdog
+    trainer = job.TrainSpec(data="", output="", model=model, image_size=image_size, epochs=epochs,
+                            batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers, resume=resume,
+                            engine=engine, reducers=reducers, extra_args=tuple(trainer_args or ()))
+    return _Options(nodes=nodes, data=data, output=output, teardown=teardown, max_restarts=max_restarts,
+                    stall_timeout=stall_timeout, region=region, profile=profile, ready_timeout=ready_timeout,
+                    checkpoint_to=checkpoint_to, reducers=reducers, engine=engine,
+                    watch=watchdog.Watch(interval_s=probe_interval, misses=probe_misses, stall_s=stall_timeout),
+                    stamp=time.strftime("%Y%m%d-%H%M%S"), trainer=trainer)
 
-    watch = watchdog.Watch(interval_s=probe_interval, misses=probe_misses, stall_s=stall_timeout)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
 
-    def train_spec(data_path: str, out: str = "", *, resume: bool = resume) -> job.TrainSpec:
-        """The trainer's options for this run, one place for each path (Slurm's job or mpirun from here)."""
-        return job.TrainSpec(data=data_path, output=out, model=model, image_size=image_size, epochs=epochs,
-                             batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers, resume=resume,
-                             engine=engine, reducers=reducers, extra_args=tuple(trainer_args or ()))
+def _on_local(c: clusters.Cluster, o: _Options) -> None:
+    """A local cluster without a head node that answers: mpirun runs from here, torn down after when asked."""
+    try:
+        if c.shares_launcher_fs:  # loopback nodes see this machine's paths
+            _followed(c, o, run.local_output(o.output, o.stamp),
+                      str(Path(o.data).expanduser().resolve()) if o.data else "", local.replace_local)
+        else:  # rehearsal nodes, like EC2 instances, see their own disks and the shared storage only
+            _followed(c, o, o.output or f"{c.shared_root or c.nodes[0].workdir}/runs/{o.stamp}", o.data or "",
+                      local.replace_local)
+    finally:
+        if o.teardown:
+            _teardown(c)
 
-    def body(c: clusters.Cluster, out: str, data_path: str,
-             recover: Callable[[clusters.Cluster, list[str]], clusters.Cluster]) -> None:
-        from launcher.execute import recovery
-        from launcher.plans import faults, restarts
 
-        history: list[restarts.Restart] = []
-        make_data = not data
-        while True:
-            chosen = c.select_workers(nodes)
-            if reducers > len(c.reducers):
-                raise LaunchError(f"--reducers {reducers} is more than the {len(c.reducers)} reducer node(s) of "
-                                  f"cluster '{c.name}'; bring one up with `launch local up --nodes N --reducers K`")
-            spec = train_spec(data_path, out, resume=resume or bool(history))
-            if checkpoint_to:
-                store_region, aws_cli = job.checkpoint_store(c, region)
-                spec = spec.model_copy(update={"checkpoint_to": checkpoint_to, "aws_region": store_region,
-                                               "aws_cli": aws_cli})
-            result = run.train(c, chosen, spec, make_data=make_data, reducers=c.reducers[:reducers], watch=watch)
-            if history:
-                recovery.write_record(c, chosen[0], out, history)
-            # The run directory is on the cluster's storage, which --teardown deletes; a first node the watchdog
-            # gave up on would only hold the verdict back by the fetch's timeout.
-            if not c.shares_launcher_fs and chosen[0].name not in result.silent:
-                _fetch_record(c, chosen[0], out, newest_checkpoint=teardown)
-            if result.exit_code == 0 and not result.stopped:
-                break
-            used = chosen + c.reducers[:reducers]
-            # Which nodes still answer: a node that went away is the likeliest cause, and mpirun may not name it.
-            silent = {r.node: r.error or f"exit {r.exit_code}" for r in remote.run_all(c, used, "true") if not r.ok}
-            why = result.stopped or faults.diagnose(result.lines, used, silent,
-                                                    shared_memory_gib=_shared_memory_gib(c)) \
-                or f"mpirun on {chosen[0].name} exited {result.exit_code}"
-            at = restarts.progress(result.lines)
-            lost = restarts.lost_nodes(result.lines, silent, [n.name for n in used])
-            if result.stopped and not lost:  # the watchdog stopped it: the nodes it gave up on are lost
-                lost = tuple(n.name for n in used if n.name in result.silent)
-            verdict = restarts.decide(why, lost, trainer_error=restarts.trainer_error(result.lines),
-                                      restarts_done=len(history), max_restarts=max_restarts,
-                                      previous_lost=history[-1].lost if history else None, progressed=at is not None)
-            if not verdict.retry:
-                raise LaunchError(f"training failed: {verdict.why if max_restarts else why} (output above); "
-                                  f"run directory {out}")
-            newest = recovery.newest_checkpoint_epoch(c, chosen[0], out)
-            step = restarts.Restart(attempt=len(history) + 1, why=why, lost=list(lost),
-                                    resumed_from_epoch=newest + 1 if newest is not None else 0,
-                                    epochs_lost=restarts.work_lost(at, newest), progress=list(at) if at else None)
-            history.append(step)
-            console.print(f"[launch] restart {step.attempt} of {max_restarts}: {why}; replacing {', '.join(lost)} "
-                          f"and resuming at epoch {step.resumed_from_epoch} ({step.epochs_lost:g} epoch(s) of "
-                          f"work lost)", markup=False, highlight=False)
-            c = recover(c, list(lost))
-            if make_data:  # the sample data is on the run's storage already
-                data_path, make_data = f"{out}/shards", False
+def _followed(c: clusters.Cluster, o: _Options, out: str, data_path: str,
+              recover: Callable[[clusters.Cluster, list[str]], clusters.Cluster]) -> None:
+    """The run as mpirun from this machine, followed to its end: on a lost node, replace it and resume from the
+    newest complete checkpoint, up to --max-restarts times; then report."""
+    from launcher.execute import recovery
+    from launcher.plans import faults, restarts
+
+    history: list[restarts.Restart] = []
+    make_data = not o.data
+    while True:
+        chosen = c.select_workers(o.nodes)
+        if o.reducers > len(c.reducers):
+            raise LaunchError(f"--reducers {o.reducers} is more than the {len(c.reducers)} reducer node(s) of "
+                              f"cluster '{c.name}'; bring one up with `launch local up --nodes N --reducers K`")
+        spec = o.spec(data_path, out, resume=o.trainer.resume or bool(history))
+        if o.checkpoint_to:
+            store_region, aws_cli = job.checkpoint_store(c, o.region)
+            spec = spec.model_copy(update={"checkpoint_to": o.checkpoint_to, "aws_region": store_region,
+                                           "aws_cli": aws_cli})
+        result = run.train(c, chosen, spec, make_data=make_data, reducers=c.reducers[:o.reducers], watch=o.watch)
         if history:
-            console.print(f"[launch] the run took {len(history)} restart(s), "
-                          f"{sum(h.epochs_lost for h in history):g} epoch(s) of work repeated; "
-                          f"record: {out}/{restarts.RECORD_FILE}", markup=False, highlight=False)
-        _report(chosen, spec, result, c)
+            recovery.write_record(c, chosen[0], out, history)
+        # The run directory is on the cluster's storage, which --teardown deletes; a first node the watchdog
+        # gave up on would only hold the verdict back by the fetch's timeout.
+        if not c.shares_launcher_fs and chosen[0].name not in result.silent:
+            trainreport.fetch_record(c, chosen[0], out, newest_checkpoint=o.teardown)
+        if result.exit_code == 0 and not result.stopped:
+            break
+        used = chosen + c.reducers[:o.reducers]
+        # Which nodes still answer: a node that went away is the likeliest cause, and mpirun may not name it.
+        silent = {r.node: r.error or f"exit {r.exit_code}" for r in remote.run_all(c, used, "true") if not r.ok}
+        why = result.stopped or faults.diagnose(result.lines, used, silent,
+                                                shared_memory_gib=_shared_memory_gib(c)) \
+            or f"mpirun on {chosen[0].name} exited {result.exit_code}"
+        at = restarts.progress(result.lines)
+        lost = restarts.lost_nodes(result.lines, silent, [n.name for n in used])
+        if result.stopped and not lost:  # the watchdog stopped it: the nodes it gave up on are lost
+            lost = tuple(n.name for n in used if n.name in result.silent)
+        verdict = restarts.decide(why, lost, trainer_error=restarts.trainer_error(result.lines),
+                                  restarts_done=len(history), max_restarts=o.max_restarts,
+                                  previous_lost=history[-1].lost if history else None, progressed=at is not None)
+        if not verdict.retry:
+            raise LaunchError(f"training failed: {verdict.why if o.max_restarts else why} (output above); "
+                              f"run directory {out}")
+        newest = recovery.newest_checkpoint_epoch(c, chosen[0], out)
+        step = restarts.Restart(attempt=len(history) + 1, why=why, lost=list(lost),
+                                resumed_from_epoch=newest + 1 if newest is not None else 0,
+                                epochs_lost=restarts.work_lost(at, newest), progress=list(at) if at else None)
+        history.append(step)
+        console.print(f"[launch] restart {step.attempt} of {o.max_restarts}: {why}; replacing {', '.join(lost)} "
+                      f"and resuming at epoch {step.resumed_from_epoch} ({step.epochs_lost:g} epoch(s) of "
+                      f"work lost)", markup=False, highlight=False)
+        c = recover(c, list(lost))
+        if make_data:  # the sample data is on the run's storage already
+            data_path, make_data = f"{out}/shards", False
+    if history:
+        console.print(f"[launch] the run took {len(history)} restart(s), "
+                      f"{sum(h.epochs_lost for h in history):g} epoch(s) of work repeated; "
+                      f"record: {out}/{restarts.RECORD_FILE}", markup=False, highlight=False)
+    trainreport.report(chosen, spec, result, c)
 
-    c, stack = target(cluster)
-    if stack is None and c is not None and c.head is not None and _head_answers(c, nodes):
-        _on_slurm(c, nodes=nodes, data=data, output=output or f"{c.shared_root}/runs/{stamp}", teardown=teardown,
-                  max_restarts=max_restarts, stall_timeout=stall_timeout, region=region, checkpoint_to=checkpoint_to,
-                  spec=train_spec(data or ""))
-        return
-    if stack is None:
-        assert c is not None
-        try:
 
-            if c.shares_launcher_fs:  # loopback nodes see this machine's paths
-                body(c, run.local_output(output, stamp), str(Path(data).expanduser().resolve()) if data else "",
-                     local.replace_local)
-            else:  # rehearsal nodes, like EC2 instances, see their own disks and the shared storage only
-                body(c, output or f"{c.shared_root or c.nodes[0].workdir}/runs/{stamp}", data or "",
-                     local.replace_local)
-        finally:
-            if teardown:
-                _teardown(c)
-        return
-
+def _on_aws(c: clusters.Cluster | None, stack: str, cluster: str | None, o: _Options) -> None:
+    """An AWS stack: wait for its nodes, stage the data, and run as a Slurm job (a stack with a head node) or as
+    mpirun from here; --teardown deletes the stack after, or hands that to the job's epilog."""
     from launcher.execute import awsrun
 
-    sess = stack_session(c, stack, region, profile, cluster=cluster)  # no such stack: the line status gives
-    if max_restarts:  # a replacement node must find the run's storage by itself: one line, before anything starts
+    sess = stack_session(c, stack, o.region, o.profile, cluster=cluster)  # no such stack: the line status gives
+    if o.max_restarts:  # a replacement node must find the run's storage by itself: one line, before anything starts
         from launcher.cluster.aws import api as aws
         from launcher.plans import storage
 
-        if problem := storage.restarts_problem(aws.stack_outputs(sess, stack).storage, max_restarts):
+        if problem := storage.restarts_problem(aws.stack_outputs(sess, stack).storage, o.max_restarts):
             raise LaunchError(problem)
 
     def ready() -> clusters.Cluster:
-        found = awsrun.connect_ready(sess, stack, profile=profile, timeout_s=ready_timeout)
+        found = awsrun.connect_ready(sess, stack, profile=o.profile, timeout_s=o.ready_timeout)
         awsrun.install_node_access(found)
         awsrun.prepare_storage(found)
         return found
@@ -248,48 +290,44 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
 
     handover: dict[str, str | None] = {"line": None}  # who ends the stack after --teardown (awsrun.as_slurm_job)
 
-    def on_aws() -> None:
+    def run_it() -> None:
         from launcher.cluster.aws import lifecycle
 
         found = ready()
-        chosen = found.select_workers(nodes)
-        path = lifecycle.run_path(found, engine=engine, reducers=reducers)
+        chosen = found.select_workers(o.nodes)
+        path = lifecycle.run_path(found, engine=o.engine, reducers=o.reducers)
         if path.note:
             awsrun.say(path.note)
-        staged = awsrun.stage_data(found, chosen, data) if data else ""
+        staged = awsrun.stage_data(found, chosen, o.data) if o.data else ""
         if not path.slurm:
-            body(found, output or f"{awsrun.shared_root(found) or chosen[0].workdir}/runs/{stamp}", staged, replaced)
+            _followed(found, o, o.output or f"{awsrun.shared_root(found) or chosen[0].workdir}/runs/{o.stamp}",
+                      staged, replaced)
             return
         # A stack with a head node runs the job as the local cluster with Slurm does: the cluster owns it, and with
         # --teardown the job's epilog takes the stack down (as_slurm_job tells with_teardown).
-        out = output or f"{awsrun.shared_root(found)}/runs/{stamp}"
-        spec = train_spec(staged)
-        awsrun.as_slurm_job(found, out, lambda: _on_slurm(
-            found, nodes=nodes, data=staged, output=out, teardown=teardown, max_restarts=max_restarts,
-            stall_timeout=stall_timeout, region=region, checkpoint_to=checkpoint_to, spec=spec), handover)
+        out = o.output or f"{awsrun.shared_root(found)}/runs/{o.stamp}"
+        awsrun.as_slurm_job(found, out, lambda: _on_slurm(found, o, output=out, data=staged), handover)
 
-    awsrun.check_data(sess, stack, data)  # a bucket the nodes may not read: one line, before anything starts
-    awsrun.with_teardown(sess, stack, teardown, on_aws, instead=lambda: handover["line"])
+    awsrun.check_data(sess, stack, o.data)  # a bucket the nodes may not read: one line, before anything starts
+    awsrun.with_teardown(sess, stack, o.teardown, run_it, instead=lambda: handover["line"])
 
 
-def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, output: str, teardown: bool,
-              max_restarts: int, stall_timeout: float, region: str | None, checkpoint_to: str | None,
-              spec: job.TrainSpec) -> None:
+def _on_slurm(c: clusters.Cluster, o: _Options, *, output: str, data: str | None) -> None:
     """The run as a Slurm job the cluster owns: render its batch script, submit it on the head node, print its id,
     follow rank 0 until it ends (Ctrl-C detaches; the job runs on), then report as a followed run does."""
     import shlex
 
     from launcher.plans import slurm
 
-    if spec.reducers > len(c.reducers):
-        raise LaunchError(f"--reducers {spec.reducers} is more than the {len(c.reducers)} reducer node(s) of cluster "
+    if o.reducers > len(c.reducers):
+        raise LaunchError(f"--reducers {o.reducers} is more than the {len(c.reducers)} reducer node(s) of cluster "
                           f"'{c.name}'; bring one up with `launch local up --slurm --nodes N --reducers K`")
-    chosen = c.select_workers(nodes)
+    chosen = c.select_workers(o.nodes)
     first = chosen[0]
-    spec = spec.model_copy(update={"output": output})
-    if checkpoint_to:
-        store_region, aws_cli = job.checkpoint_store(c, region)
-        spec = spec.model_copy(update={"checkpoint_to": checkpoint_to, "aws_region": store_region,
+    spec = o.spec(data or "", output)
+    if o.checkpoint_to:
+        store_region, aws_cli = job.checkpoint_store(c, o.region)
+        spec = spec.model_copy(update={"checkpoint_to": o.checkpoint_to, "aws_region": store_region,
                                        "aws_cli": aws_cli})
     if not data:  # sample data, made before the job on the shared storage, as `launch data convert` would
         code, _ = remote.check(c, first, f"mkdir -p {shlex.quote(output)}")
@@ -305,7 +343,7 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
     argv = slurm.job_mpirun(c, chosen, spec, fabric_env=fabric_env, mca=mca, reducers=c.reducers[:spec.reducers])
     script = slurm.batch_script(slurm.BatchJob(
         name=f"scaletrain-{spec.model}", nodes=len(chosen), slots=first.slots, output=output, python=c.python,
-        mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
+        mpirun=tuple(argv), max_restarts=o.max_restarts, stall_timeout_s=o.stall_timeout, teardown=o.teardown,
         shared_memory_gib=_shared_memory_gib(c), reducers=spec.reducers,
         rendezvous_port=job.DDP_PORT if spec.engine in ("ddp", "reducer") else None))
     from launcher.cli.jobs import submit_and_follow
@@ -313,8 +351,8 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
     job_id, ended, seen = submit_and_follow(c, script, output, f"{len(chosen)} node(s), run directory {output}")
     # The run's record (and, before a teardown, its newest checkpoint) comes to this machine as after any run,
     # successful or not; the cluster's teardown waits for the TTL guard's next run (locally a grace period).
-    _fetch_record(c, first, output, newest_checkpoint=teardown)
-    if teardown:  # the job's epilog does it on the cluster's side (plans/slurm.epilog_script)
+    trainreport.fetch_record(c, first, output, newest_checkpoint=o.teardown)
+    if o.teardown:  # the job's epilog does it on the cluster's side (plans/slurm.epilog_script)
         console.print(f"the cluster takes itself down now that job {job_id} has ended (--teardown)", markup=False,
                       highlight=False)
     if ended.state != "succeeded":
@@ -326,7 +364,7 @@ def _on_slurm(c: clusters.Cluster, *, nodes: int | None, data: str | None, outpu
     if ended.restarts:
         console.print(f"[launch] Slurm restarted the job {ended.restarts} time(s); each resumed from the newest "
                       f"complete checkpoint", markup=False, highlight=False)
-    _report(chosen, spec, run.RunResult(0, output, train_images, summary, seen), c)
+    trainreport.report(chosen, spec, run.RunResult(0, output, train_images, summary, seen), c)
 
 
 def _head_answers(c: clusters.Cluster, nodes: int | None) -> bool:
@@ -357,106 +395,6 @@ def _shared_memory_gib(c: clusters.Cluster) -> float | None:
     if c.backend != "local":
         return None
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-
-
-def _fetch_record(c: clusters.Cluster, first: clusters.Node, out: str, *, newest_checkpoint: bool) -> None:
-    """Bring the run's record (and, before a teardown, its newest checkpoint) to this machine; a failure here is a
-    warning, never the run's verdict."""
-    from launcher.execute import results
-
-    dest = results.local_copy(clusters.state_root(), c.name, out)
-    try:
-        got = results.fetch(c, first, out, dest, newest_checkpoint=newest_checkpoint, timeout_s=60)
-    except LaunchError as e:
-        console.print(f"warning: could not fetch the run's record from {first.name}: {e}", markup=False,
-                      highlight=False)
-        return
-    size = sum(f.size for f in got)
-    console.print(f"fetched {len(got)} file(s), {size / 2**20:,.1f} MiB, from {first.name}:{out} to {dest}",
-                  markup=False, highlight=False)
-
-
-def _report(chosen, spec: job.TrainSpec, result: run.RunResult, cluster: clusters.Cluster | None = None) -> None:
-    import datetime as dt
-
-    from launcher.cost import measured
-    from launcher.cost import shell as costshell
-    from launcher.cost.inputs import Workload
-    from launcher.cost.model import compare, estimate
-    from launcher.cost.runcheck import check_run
-    from training.model import flops_per_image, parameter_count
-
-    s = result.summary or {}
-    top1 = "n/a" if s.get("top1") is None else f"{s['top1']:.1%}"
-    top5 = "n/a" if s.get("top5") is None else f"{s['top5']:.1%}"
-    console.print(f"\nrun finished: {spec.model} on {len(chosen)} node(s) / {s.get('ranks', '?')} rank(s), "
-                  f"{spec.epochs} epochs, top-1 {top1}, top-5 {top5}, "
-                  f"{s.get('images_per_sec', 0):.0f} img/s, {s.get('time_s', 0):.0f} s")
-    console.print(f"metrics: {result.output}/metrics.jsonl   checkpoints: {result.output}/checkpoint-epoch*.pt")
-    images = result.train_images
-    ratio = flops_per_image(spec.model, spec.image_size) / flops_per_image("resnet50", 224)
-    per_epoch = s["steps_per_epoch"] * s["global_batch"] if s.get("steps_per_epoch") and s.get("global_batch") \
-        else images
-    workload = Workload(images_per_epoch=max(per_epoch, 1), epochs=spec.epochs, flops_ratio=ratio,
-                        param_count=parameter_count(spec.model, s.get("classes", 1000)))
-    figures, _ = costshell.load_measured()
-    constants, _ = costshell.model_constants()
-
-    # Measured against predicted, for the shape that ran.
-    c = cluster or costshell.cluster_of(list(chosen))
-    ran_on = c.instance_type if c is not None and c.backend == "aws" else None
-    on_gpus = s.get("device") not in (None, "cpu")
-    if not (ran_on and on_gpus):
-        where = f"{c.backend} cluster '{c.name}'" if c is not None else "this cluster"
-        console.print(f"\nmeasured vs predicted: not available -- the model predicts GPU instance types from the "
-                      f"catalog, and this run's {s.get('ranks', '?')} rank(s) ran on "
-                      f"{'CPUs' if not on_gpus else 'GPUs of an unknown instance type'} of the {where}.")
-    elif not (s.get("train_images") and s.get("images_per_sec") and s.get("time_s")):
-        console.print("\nmeasured vs predicted: not available -- the run trained no images (summary.json)")
-    else:
-        try:
-            instance = costshell.instance(ran_on)
-            book = costshell.price_book([instance], ["on-demand"], refresh=False)
-            predicted = estimate(
-                instance, len(chosen), workload, batch_per_gpu=spec.batch_per_gpu, measured=figures,
-                precision="fp32" if s.get("precision") == "fp32" else "amp", price=book.quote(ran_on, "on-demand"),
-                constants=constants)
-            check = check_run(predicted, images=s["train_images"], images_per_sec=s["images_per_sec"],
-                              loop_s=s["time_s"], steady_images_per_sec=s.get("steady_images_per_sec"))
-        except (ValueError, LaunchError) as e:
-            console.print(f"\nmeasured vs predicted: no prediction ({e})")
-        else:
-            table = Table(title=f"measured vs predicted: {predicted.shape}, {predicted.market}")
-            for col in ("", "measured", "predicted", "off by"):
-                table.add_column(col, justify="left" if not col else "right", no_wrap=True)
-            for what, got, want, off in check.rows:
-                table.add_row(what, got, want, f"{off:+.1%}")
-            console.print(table)
-            console.print(check.verdict())
-            console.print(f"per-GPU figure: {predicted.throughput_source.split(':')[0]}; "
-                          f"{book.quote(ran_on, 'on-demand').label()}")
-            found = measured.from_run(instance, nodes=len(chosen), model=spec.model, image_size=spec.image_size,
-                                      summary=s, run_dir=result.output, today=dt.date.today())
-            if found:
-                try:
-                    measured.record(measured.path(clusters.state_root()), *found)
-                    console.print(f"recorded {found[1].img_per_sec:,.0f} img/s per GPU as this project's measured "
-                                  f"{found[0]} figure; the cost model now uses it")
-                except OSError as e:
-                    err.print(f"warning: could not record the measured {found[0]} figure ({e.strerror or e})")
-
-    table = Table(title=f"the same run on AWS ({len(chosen)} node(s), {images} images x {spec.epochs} epochs)")
-    for col in ("instance", "img/s", "limited by", "time", "cost (USD)"):
-        table.add_column(col, justify="left" if col in ("instance", "limited by") else "right", no_wrap=True)
-    estimates = compare(["p3.16xlarge", "p4d.24xlarge", "p5.48xlarge"], len(chosen), workload,
-                        batch_per_gpu=spec.batch_per_gpu, constants=constants)
-    for e in estimates:
-        table.add_row(e.instance_type, f"{e.images_per_sec:,.0f}", e.limited_by, f"{e.time_to_train_s / 60:.1f} min",
-                      f"{e.cost_usd:,.2f}")
-    console.print(table)
-    dates = ", ".join(f"{e.instance_type} {e.price_date}" for e in estimates)
-    console.print(f"us-east-1 on-demand prices as of {dates}; time includes provisioning "
-                  f"({estimates[0].provisioning_s:.0f} s) and staging the data; `launch cost` compares more shapes.")
 
 
 def _teardown(c: clusters.Cluster) -> None:
