@@ -142,3 +142,41 @@ def test_tagged_images_and_tcp_clusters_ask_the_node_nothing(monkeypatch):
     tcp = cluster("p4d.24xlarge", efa=False)
     tcp = tcp.model_copy(update={"aws": tcp.aws.model_copy(update={"software": {}})})
     assert run.fabric_settings(tcp, tcp.workers[0]) == ({}, [])
+
+
+# --- Which types get GPUDirect RDMA's setting, at the family boundary (issue 37 item 10) ----------------------------
+# AWS's EC2 User Guide, "Elastic Fabric Adapter", Supported instance types
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types): RDMA read and write are supported
+# on p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge and p5en.48xlarge; p3dn.24xlarge, g5.48xlarge and c5n
+# support EFA without RDMA read. p3.16xlarge has no EFA at all (Amazon EC2 P3 Instances: "up to 100 Gbps" on p3dn
+# only). The aws-ofi-nccl cheatsheet sets FI_EFA_USE_DEVICE_RDMA=1 on the RDMA ones with older software.
+OLD = SoftwareVersions(aws_ofi_nccl="1.6.0", libfabric="1.17.1")       # needs the RDMA variable, not FI_PROVIDER
+
+
+@pytest.mark.parametrize(("instance", "env"), [
+    ("p5en.48xlarge", {"FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_USE_HUGE_PAGE": "0"}),
+    ("p5.48xlarge", {"FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_USE_HUGE_PAGE": "0"}),
+    ("p4de.24xlarge", {"FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_USE_HUGE_PAGE": "0"}),
+    ("p4d.24xlarge", {"FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_USE_HUGE_PAGE": "0"}),
+    ("p3dn.24xlarge", {"FI_EFA_USE_HUGE_PAGE": "0"}),                    # EFA, no GPUDirect RDMA
+    ("g5.48xlarge", {"FI_EFA_USE_HUGE_PAGE": "0"}),
+    ("p3.16xlarge", {}),                                               # no EFA: NCCL's sockets over ENA
+])  # fmt: skip
+def test_gpudirect_rdma_is_set_on_the_families_aws_lists_and_no_other(instance, env):
+    assert efa.fabric_env(catalog.get(instance), OLD) == env
+    assert (catalog.get(instance).family in efa.RDMA_FAMILIES) is ("FI_EFA_USE_DEVICE_RDMA" in env)
+
+
+@pytest.mark.parametrize(("ofi_nccl", "libfabric", "rdma", "provider"), [
+    ("1.5.0", "1.17.0", True, True),       # cheatsheet: FI_PROVIDER=efa, NCCL_PROTO=simple for aws-ofi-nccl <= 1.5.0
+    ("1.6.0", "1.17.0", True, False),
+    ("1.6.9", "1.18.0", True, False),      # FI_EFA_USE_DEVICE_RDMA: not for aws-ofi-nccl >= 1.7.0 AND libfabric >= 1.18
+    ("1.7.0", "1.17.9", True, False),
+    ("1.7.0", "1.18.0", False, False),
+    ("1.7.0", None, True, False),          # one version unknown: the harmless setting stays
+])  # fmt: skip
+def test_the_software_versions_at_their_boundaries(ofi_nccl, libfabric, rdma, provider):
+    for name in ("p5en.48xlarge", "p4d.24xlarge"):
+        env = efa.fabric_env(catalog.get(name), SoftwareVersions(aws_ofi_nccl=ofi_nccl, libfabric=libfabric))
+        assert ("FI_EFA_USE_DEVICE_RDMA" in env) is rdma
+        assert ("FI_PROVIDER" in env) is provider and ("NCCL_PROTO" in env) is provider

@@ -37,7 +37,9 @@ __all__ = ["RDMA_FAMILIES", "VERSION_PROBE", "SoftwareVersions", "efa_devices", 
            "mpi_mca", "parse_version_probe", "unknown_versions", "uses_efa", "versions_of"]
 
 # Families whose EFA supports GPUDirect RDMA (the cheatsheet: "only p4 and p5 instances support both EFA and
-# NVIDIA GPUDirect RDMA"). p3dn's and g5's EFA do not.
+# NVIDIA GPUDirect RDMA"; the EC2 User Guide's EFA supported instance types,
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types, list RDMA read/write on p4d, p4de,
+# p5, p5e and p5en). p3dn's and g5's EFA do not.
 RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en"})
 
 
