@@ -4,11 +4,18 @@ The working directory goes to the shared storage (only what changed), and COMMAN
 (per slot on CPU nodes) with torchrun's variables set (launcher/plans/userjob.py), the image's Python first on PATH
 and the cluster's EFA/NCCL and gloo settings: a script written for torchrun runs unchanged, and so does a Horovod
 script. Output, `launch jobs/logs/cancel`, requeue after a lost node and --teardown work as for `launch train`.
+
+Nodes have no internet: `--requirements FILE` resolves FILE here, for the nodes' Python and platform, sends the wheels
+to the shared storage, and the job installs them into an environment of its own over the image's
+(launcher/plans/requirements.py, execute/wheels.py, execute/userenv.py; docs/your-code.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -33,6 +40,72 @@ app = typer.Typer()
 
 def _say(line: str) -> None:
     console.print(line, markup=False, highlight=False)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A requirements file resolved for the nodes: the wheels to send (files in ``folder``)."""
+
+    node_py: object                          # launcher.plans.requirements.NodePython
+    wheels: list
+    folder: Path
+
+
+def _read_requirements(requirements: str | None, find_links: list[str] | None, no_requirements: bool,
+                       workdir: Path) -> tuple | None:
+    """The requirements FILE names (checked before any cluster is asked), or None; says when the working directory's
+    requirements.txt is left out."""
+    from launcher.plans import requirements as reqs
+
+    if requirements is not None and no_requirements:
+        raise usage_error("--requirements and --no-requirements say opposite things; give one")
+    if find_links and requirements is None:
+        raise usage_error("--find-links DIR is where --requirements FILE's wheels may come from; give --requirements")
+    for folder in find_links or ():
+        if not Path(folder).expanduser().is_dir():
+            raise usage_error(f"--find-links must be a directory of wheels; {folder} is not one")
+    if notice := reqs.workdir_notice((workdir.expanduser() / "requirements.txt").is_file(), requirements is not None,
+                                     no_requirements):
+        _say(notice)
+    if requirements is None:
+        return None
+    path = Path(requirements).expanduser()
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise usage_error(f"--requirements must be a readable requirements file; {requirements}: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
+    try:
+        return reqs.parse(text, requirements)
+    except reqs.RequirementsError as e:
+        raise usage_error(str(e)) from None
+
+
+def _resolve(parsed: tuple, requirements: str, find_links: list[str] | None, c: clusters.Cluster | None,
+             on_aws: bool, folder: Path) -> Resolved:
+    """Resolve for the nodes' Python (the image's on AWS, the rehearsal root's locally) into ``folder``; a set that
+    would replace the image's torch, Horovod or NumPy ABI is refused before anything is sent."""
+    from ami import render
+    from launcher.execute import wheels
+    from launcher.plans import rehearsal
+    from launcher.plans import requirements as reqs
+
+    versions = render.load_versions()
+    if on_aws:
+        node_py = reqs.node_python(f"ubuntu {versions.ubuntu}", torch=versions.torch, horovod=versions.horovod)
+    elif c is not None and c.rehearsal is not None:
+        node_py = reqs.node_python(f"debian {rehearsal.SUITE}", torch=rehearsal.REHEARSAL_TORCH,
+                                   horovod=versions.horovod)
+    else:
+        raise LaunchError("--requirements needs rehearsal nodes or an AWS stack (a --loopback cluster runs this "
+                          "machine's own Python)")
+    if problem := reqs.refused(parsed, node_py):
+        raise usage_error(problem)
+    found = wheels.download(node_py, Path(requirements).expanduser(), folder, tuple(find_links or ()))
+    kept, problem = reqs.resolved(found, node_py)
+    if problem:
+        raise usage_error(problem)
+    return Resolved(node_py, kept, folder)
 
 
 @app.command("run", context_settings={"allow_interspersed_args": False})
@@ -60,6 +133,15 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
          checkpoint_to: str = typer.Option(None, "--checkpoint-to", metavar="s3://BUCKET/PREFIX",
                                            help="Passed to the command as SCALETRAIN_CHECKPOINT_TO."),
          teardown: bool = typer.Option(False, "--teardown", help="Bring the cluster down when the job has ended."),
+         requirements: str = typer.Option(None, "--requirements", metavar="FILE",
+                                          help="Install FILE's packages for the job (nodes have no internet: the "
+                                               "wheels are downloaded here for the nodes' Python and sent to the "
+                                               "shared storage; one environment per set, over the image's)."),
+         find_links: list[str] = typer.Option(None, "--find-links", metavar="DIR",
+                                              help="A directory of wheels of your own for --requirements "
+                                                   "(repeatable), as pip's --find-links."),
+         no_requirements: bool = typer.Option(False, "--no-requirements",
+                                              help="Install nothing, even with a requirements.txt in --workdir."),
          region: str = RegionOpt, profile: str = ProfileOpt):
     """Run your own command on every node (one process per GPU), as a Slurm job; stream its output."""
     from launcher.plans import userjob
@@ -94,14 +176,26 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
         except durable.DurableError as e:
             raise usage_error(str(e)) from None
     check_aws_options(region, profile)
+    parsed = _read_requirements(requirements, find_links, no_requirements, workdir_path)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    resolved: Resolved | None = None
 
     def on(c: clusters.Cluster) -> None:
         submit_run(c, command, nodes=nodes, workdir=workdir_path, procs=procs_per_node, engine=engine,
                    reducers=reducers, max_restarts=max_restarts, stall_timeout=stall_timeout,
-                   checkpoint_to=checkpoint_to, teardown=teardown, stamp=stamp)
+                   checkpoint_to=checkpoint_to, teardown=teardown, stamp=stamp, resolved=resolved)
 
     c, stack = target(cluster)
+    with contextlib.ExitStack() as cleanup:
+        if parsed is not None:
+            folder = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="scaletrain-wheels-")))
+            resolved = _resolve(parsed, requirements, find_links, c, stack is not None, folder)
+        _run_on(c, stack, on, cluster=cluster, region=region, profile=profile, max_restarts=max_restarts,
+                engine=engine, reducers=reducers, stamp=stamp, teardown=teardown)
+
+
+def _run_on(c: clusters.Cluster | None, stack: str | None, on, *, cluster: str | None, region: str | None,
+            profile: str | None, max_restarts: int, engine: str, reducers: int, stamp: str, teardown: bool) -> None:
     if stack is None:
         assert c is not None
         on(c)
@@ -132,7 +226,7 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
 
 def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, workdir: Path, procs: int | None,
                engine: str, reducers: int, max_restarts: int, stall_timeout: float, checkpoint_to: str | None,
-               teardown: bool, stamp: str) -> None:
+               teardown: bool, stamp: str, resolved: Resolved | None = None) -> None:
     from launcher.cli import jobs as jobcli
     from launcher.cli.train import _shared_memory_gib
     from launcher.execute import run, slurmjobs, sync
@@ -153,6 +247,17 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
     except ValueError as e:
         raise LaunchError(str(e)) from None
     output = f"{shared}/runs/{stamp}-run"
+    document = None
+    if resolved is not None and resolved.wheels:
+        from launcher.execute import wheels
+
+        pushed = wheels.push(c, first, shared, resolved.wheels, resolved.folder, resolved.node_py)
+        document = pushed.document
+        _say(f"requirements: {pushed.wheels} wheel(s) for {resolved.node_py.describe()}, {pushed.sent} sent "
+             f"({pushed.sent_bytes / 2**20:,.2f} MiB); environment {pushed.env} "
+             + ("(made before)" if pushed.ready else "(the job makes it)"))
+    elif resolved is not None:
+        _say("requirements: the image has every package asked for; nothing to install")
     copied = sync.push(c, first, workdir, shared)
     p = copied.plan
     _say(f"synced {workdir} to {copied.path}: {len(p.send)} file(s) sent ({p.send_bytes / 2**20:,.2f} MiB), "
@@ -160,7 +265,7 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
     fabric_env, mca = run.fabric_settings(c, first)
     argv = userjob.run_mpirun(c, chosen, procs=per_node, workdir=copied.path, output=output, command=command,
                               engine=engine, fabric_env=fabric_env, mca=mca, checkpoint_to=checkpoint_to,
-                              reducers=c.reducers[:reducers])
+                              reducers=c.reducers[:reducers], requirements_set=document)
     script = slurm.batch_script(slurm.BatchJob(
         name=f"run-{Path(command[0]).name}"[:40], nodes=len(chosen), slots=per_node, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,

@@ -111,11 +111,14 @@ def procs_per_node(node: Node, asked: int | None) -> int:
 
 def run_mpirun(cluster: Cluster, workers: list[Node], *, procs: int, workdir: str, output: str, command: list[str],
                engine: str, fabric_env: dict[str, str], mca: list[tuple[str, str]],
-               checkpoint_to: str | None = None, reducers: list[Node] = ()) -> list[str]:
+               checkpoint_to: str | None = None, reducers: list[Node] = (),
+               requirements_set: str | None = None) -> list[str]:
     """The mpirun line of a `launch run` job (inside the allocation; launcher/plans/slurm.job_mpirun's settings):
     each process starts launcher.execute.userrank, which sets the torchrun variables and runs ``command`` from the
     synced ``workdir`` with the image's Python first on PATH. MASTER_ADDR and MASTER_PORT are the job step's (the
-    allocation's first node, as Slurm has it after a replacement), forwarded by name."""
+    allocation's first node, as Slurm has it after a replacement), forwarded by name. ``requirements_set``: the
+    document of the job's own environment on the shared storage (launcher/plans/requirements.py), made or found by
+    each process before the command runs."""
     from launcher.plans import job, slurm
 
     if engine not in ENGINES:
@@ -141,6 +144,6 @@ def run_mpirun(cluster: Cluster, workers: list[Node], *, procs: int, workdir: st
     ours += ["-x", "SCALETRAIN_RESTART_COUNT", "-x", "SLURM_JOB_ID"]
     ours += [cluster.python, "-m", "launcher.execute.userrank", "--workdir", workdir,
              "--python-bin", str(PurePosixPath(cluster.python).parent), "--reducers", str(len(reducers)),
-             "--", *command]
+             *(["--requirements-set", requirements_set] if requirements_set else []), "--", *command]
     return argv[:at] + ours + argv[at + len(trainer):]
 
