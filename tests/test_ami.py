@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from imagesandbox import sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ami/ is a CDK app beside the package, not part of the installed distribution
@@ -171,11 +172,12 @@ def test_scripts_are_shellcheck_clean() -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_a_script_without_its_versions_fails_loudly(script: Path) -> None:
+def test_a_script_without_its_versions_fails_loudly(script: Path, tmp_path: Path) -> None:
     needed = render.script_variables(script.read_text())
     assert needed, f"{script.name} reads no pinned variable"
     env = {"PATH": os.environ["PATH"]}
-    result = subprocess.run(["bash", str(script), "validate"], capture_output=True, text=True, env=env, timeout=30)
+    result = subprocess.run([*sandbox(tmp_path), "bash", str(script), "validate"], capture_output=True, text=True,
+                            env=env, timeout=30)  # sandboxed, as every image script the tests run (imagesandbox.py)
     assert result.returncode != 0 and needed[0] in result.stderr
 
 

@@ -17,6 +17,7 @@ from importlib.metadata import Distribution, PackageNotFoundError, distribution
 from pathlib import Path
 
 import pytest
+from imagesandbox import sandbox
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -97,8 +98,8 @@ def image(tmp_path_factory) -> dict:
     before = venv_python(venv, "import torch, horovod; print(torch.__version__, torch.__file__, horovod.__file__); "
                                "import simplejpeg")
     # Image Builder runs the component in the recipe's working directory, /opt/scaletrain; here the image's root.
-    build = subprocess.run(["bash", str(SCRIPT), "build"], env=env, capture_output=True, text=True, timeout=1200,
-                           cwd=root)
+    build = subprocess.run([*sandbox(root), "bash", str(SCRIPT), "build"], env=env, capture_output=True, text=True,
+                           timeout=1200, cwd=root)
     return {"root": root, "venv": venv, "site": site_packages, "preinstalled": preinstalled, "env": env,
             "before": before, "build": build}
 
@@ -113,8 +114,9 @@ def test_the_fake_image_is_what_the_earlier_components_leave(image) -> None:
 def test_build_installs_the_train_extra_so_the_trainer_imports(image) -> None:
     build = image["build"]
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    validate = subprocess.run(["bash", str(SCRIPT), "validate"], env=image["env"], capture_output=True, text=True,
-                              timeout=300, cwd=ROOT)  # even from a checkout, the venv's own install is what counts
+    # Even from a checkout, the venv's own install is what counts.
+    validate = subprocess.run([*sandbox(image["root"]), "bash", str(SCRIPT), "validate"], env=image["env"],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert validate.returncode == 0, validate.stderr
     imported = venv_python(image["venv"], "import simplejpeg, training.train, launcher; print(launcher.__file__)")
     assert imported.returncode == 0, imported.stderr

@@ -1,7 +1,11 @@
 """The image's component scripts run for real against a host made of fakes: the commands that would touch the
 machine (apt-get, systemctl, nvidia-smi, lspci, curl, ...) are small scripts that record what they were asked and
 answer as a real host would, and PATH holds nothing else but plain tools, so a script that reaches for anything
-else fails here instead of changing the machine the tests run on."""
+else fails here instead of changing the machine the tests run on.
+
+Every script runs sandboxed (Host.run): in a private mount namespace where /etc, /usr and /opt are read-only, and the
+few system directories a test lets a script write (``scratch``) are scratch directories of its own. The suite runs as
+root on a build machine, where a script's `echo ... >/etc/apt/sources.list.d/beegfs.list` would otherwise land."""
 
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ami/ is a CDK app beside the package
     sys.path.insert(0, str(ROOT))
+
+from imagesandbox import sandbox  # noqa: E402
 
 from ami import paths, render  # noqa: E402
 
@@ -52,11 +58,12 @@ class Host:
         path.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >>"$CALLS"\n{body}\n')
         path.chmod(0o755)
 
-    def run(self, script: str, phase: str | None, env: dict[str, str], *, wrap: list[str] | None = None,
+    def run(self, script: str, phase: str | None, env: dict[str, str], *, scratch: tuple[str, ...] = (),
             timeout: int = 120) -> subprocess.CompletedProcess:
+        """Run ``script`` sandboxed; each of ``scratch`` (system directories) is self.root/<its name> there."""
         full_env = {"PATH": str(self.bin), "HOME": str(self.root), "CALLS": str(self.calls),
                     "STATE": str(self.state), "LC_ALL": "C", **env}
-        argv = [*(wrap or []), shutil.which("bash") or "/bin/bash", str(COMPONENTS / script),
+        argv = [*sandbox(self.root, scratch), shutil.which("bash") or "/bin/bash", str(COMPONENTS / script),
                 *([phase] if phase else [])]
         return subprocess.run(argv, env=full_env, capture_output=True, text=True, timeout=timeout)
 
@@ -66,6 +73,20 @@ class Host:
 
 def component_env(key: str, **kwargs) -> dict[str, str]:
     return render.component_env(VERSIONS, next(c for c in render.COMPONENTS if c.key == key), **kwargs)
+
+
+def test_the_sandbox_keeps_scripts_off_this_machines_system_directories(tmp_path) -> None:
+    """What every Host.run gives a script: /etc, /usr and /opt read-only, the scratch directories its own."""
+    marker = f"scaletrain-sandbox-{os.getpid()}"
+    script = (f"echo x >/etc/apt/sources.list.d/{marker}.list; a=$?; echo x >/usr/{marker}; b=$?; "
+              f"echo x >/opt/{marker}; c=$?; echo x >/etc/{marker}; d=$?; echo $a $b $c $d")
+    done = subprocess.run([*sandbox(tmp_path, ("/etc/apt/sources.list.d",)), "/bin/sh", "-c", script],
+                          capture_output=True, text=True, timeout=30)
+    assert done.stdout.split() == ["0", "2", "2", "2"], done.stderr  # sh: a redirection that cannot open
+    assert "Read-only file system" in done.stderr
+    assert (tmp_path / "sources.list.d" / f"{marker}.list").read_text() == "x\n"
+    for left in (f"/etc/apt/sources.list.d/{marker}.list", f"/usr/{marker}", f"/opt/{marker}", f"/etc/{marker}"):
+        assert not os.path.exists(left)
 
 
 # --- fabricmanager.sh: Fabric Manager at the driver's version (issue 14, item 6) ------------------------------------
@@ -293,7 +314,6 @@ MAKE = ('if [ "${1:-}" = install ]; then p=$(cat prefix); mkdir -p "$p/lib";'
         ' printf "\\177ELF\\0Initializing aws-ofi-nccl %s\\0" "$AWS_OFI_NCCL_VERSION" >"$p/lib/$l"; done; fi')
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) is not installed")
 def test_aws_ofi_nccl_installs_the_hwloc_headers_its_configure_needs(tmp_path) -> None:
     version = VERSIONS.aws_ofi_nccl
     source = tmp_path / "src" / f"aws-ofi-nccl-{version}"
@@ -310,16 +330,9 @@ def test_aws_ofi_nccl_installs_the_hwloc_headers_its_configure_needs(tmp_path) -
         "make": MAKE, "ldconfig": "true"})
     prefix = tmp_path / "ofi-nccl"
     env = {**component_env("aws-ofi-nccl"), "SCALETRAIN_OFI_NCCL_PREFIX": str(prefix), "SYSROOT": str(sysroot)}
-    # /etc/ld.so.conf.d is the one system path the script writes: a private mount namespace gives it a scratch one.
+    # /etc/ld.so.conf.d is the one system path the script writes: the sandbox gives it a scratch one.
     ldconf = tmp_path / "ld.so.conf.d"
-    ldconf.mkdir()
-    unshare = [shutil.which("unshare"), "--user", "--map-root-user", "--mount", "--",
-               shutil.which("bash") or "/bin/bash", "-c",
-               f'{shutil.which("mount")} --bind {ldconf} /etc/ld.so.conf.d && exec "$@"', "sandbox"]
-    probe = subprocess.run([*unshare, "true"], capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0:
-        pytest.skip(f"no private mount namespace here: {probe.stderr.strip()}")
-    result = host.run("aws-ofi-nccl.sh", "build", env, wrap=unshare)
+    result = host.run("aws-ofi-nccl.sh", "build", env, scratch=("/etc/ld.so.conf.d",))
     assert result.returncode == 0, result.stderr
     calls = host.called()
     hwloc = next(i for i, c in enumerate(calls) if c.startswith("apt-get install") and "libhwloc-dev" in c)
@@ -409,24 +422,6 @@ echo "$NVIDIA_DRIVER_VERSION" >"$STATE/nvidia-module"
 """
 
 
-def sandboxed_etc(tmp_path: Path, *system_dirs: str) -> list[str]:
-    """A private mount namespace where each of ``system_dirs`` (default /etc/ld.so.conf.d, the one system path the
-    driver and plugin components write) is a scratch directory, tmp_path/<its name>, so a script under test never
-    writes this machine's; skips the test where the machine allows none."""
-    binds = []
-    for target in system_dirs or ("/etc/ld.so.conf.d",):
-        scratch = tmp_path / Path(target).name
-        scratch.mkdir(exist_ok=True)
-        binds.append(f"{shutil.which('mount')} --bind {scratch} {target}")
-    unshare = [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--mount", "--",
-               shutil.which("bash") or "/bin/bash", "-c", f'{" && ".join(binds)} && exec "$@"', "sandbox"]
-    probe = subprocess.run([*unshare, "true"], capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0:
-        pytest.skip(f"no private mount namespace here: {probe.stderr.strip()}")
-    return unshare
-
-
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) is not installed")
 def test_the_nvidia_driver_is_built_with_the_kernels_compiler(tmp_path) -> None:
     cuda = tmp_path / "cuda"
     (cuda / "bin").mkdir(parents=True)
@@ -441,14 +436,13 @@ def test_the_nvidia_driver_is_built_with_the_kernels_compiler(tmp_path) -> None:
     kernel_cc.write_text("gcc-12\n")  # what base.sh recorded on a 6.8 kernel
     env = {**component_env("nvidia"), "SCALETRAIN_CUDA_HOME": str(cuda), "SCALETRAIN_KERNEL_CC_FILE": str(kernel_cc),
            "KERNEL_CC": "gcc-12"}
-    result = host.run("nvidia.sh", "build", env, wrap=sandboxed_etc(tmp_path))
+    result = host.run("nvidia.sh", "build", env, scratch=("/etc/ld.so.conf.d",))
     assert result.returncode == 0, result.stderr
     (run,) = [c for c in host.called() if c.startswith("driver.run")]
     assert run.startswith("driver.run CC=gcc-12 ") and run.endswith(
         "/driver.run --silent --dkms --no-questions --kernel-module-type=open")
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) is not installed")
 @pytest.mark.parametrize("script", ["efa.sh", "beegfs.sh"])
 def test_module_builds_name_the_missing_kernel_compiler_before_building(tmp_path, script) -> None:
     """The EFA and BeeGFS modules build through the kernel's own build files, which call the kernel's compiler: a
@@ -460,8 +454,7 @@ def test_module_builds_name_the_missing_kernel_compiler_before_building(tmp_path
     host = Host(tmp_path, {"curl": "exit 0", "gpg": "exit 0", "apt-get": "exit 0", "systemctl": "exit 0",
                            "dpkg-query": "exit 1", "tar": "exit 0"})
     env = {**component_env(key), "SCALETRAIN_KERNEL_CC_FILE": str(kernel_cc)}
-    sandbox = sandboxed_etc(tmp_path, "/etc/ld.so.conf.d", "/etc/apt/sources.list.d")
-    result = host.run(script, "build", env, wrap=sandbox)
+    result = host.run(script, "build", env, scratch=("/etc/ld.so.conf.d", "/etc/apt/sources.list.d"))
     assert result.returncode == 1
     assert "(gcc-12) is not installed; the base component installs it" in result.stderr
     assert list((tmp_path / "sources.list.d").iterdir()) == []  # no repository added before the check
@@ -480,7 +473,6 @@ esac"""
 OFI_LDCONFIG = 'if [ "${1:-}" = -p ]; then for f in $LOOSE; do [ -f "$f" ] && printf "\\tlibnccl-net.so (libc6,x86-64) => %s\\n" "$f"; done; fi; true'  # noqa: E501
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) is not installed")
 def test_the_image_keeps_only_the_pinned_aws_ofi_nccl(tmp_path) -> None:
     """EFA installer 1.38 ships a plugin (its libnccl-ofi package, below /opt/amazon/ofi-nccl); a base image may carry
     a loose one in the loader's cache. NCCL would load whichever the search path finds first: only the build's own,
@@ -503,8 +495,8 @@ def test_the_image_keeps_only_the_pinned_aws_ofi_nccl(tmp_path) -> None:
     (host.state / "owned.libnccl-ofi").write_text(f"{packaged}\n")
     env = {**component_env("aws-ofi-nccl"), "SCALETRAIN_OFI_NCCL_PREFIX": str(prefix), "LOOSE": str(loose),
            "SCALETRAIN_LIB_PATH": f"{prefix}/lib:{tmp_path}/opt/amazon/efa/lib"}
-    sandbox = sandboxed_etc(tmp_path)
-    result = host.run("aws-ofi-nccl.sh", "build", env, wrap=sandbox)
+    ldconf = ("/etc/ld.so.conf.d",)
+    result = host.run("aws-ofi-nccl.sh", "build", env, scratch=ldconf)
     assert result.returncode == 0, result.stderr
     calls = host.called()
     purge = calls.index("dpkg --purge libnccl-ofi")
@@ -513,10 +505,10 @@ def test_the_image_keeps_only_the_pinned_aws_ofi_nccl(tmp_path) -> None:
     left = sorted(p.relative_to(prefix).as_posix() for p in prefix.rglob("libnccl-net*.so*"))
     assert left == ["lib/libnccl-net-ofi.so", "lib/libnccl-net.so"]
     assert all(f"Initializing aws-ofi-nccl {version}".encode() in (prefix / p).read_bytes() for p in left)
-    assert host.run("aws-ofi-nccl.sh", "validate", env, wrap=sandbox).returncode == 0
+    assert host.run("aws-ofi-nccl.sh", "validate", env, scratch=ldconf).returncode == 0
     # A copy that comes back (a package reinstalled, a file copied in) fails the image's validation by name.
     loose.write_bytes(b"\x7fELF\x00Initializing aws-ofi-nccl 1.7.3-aws\x00")
-    again = host.run("aws-ofi-nccl.sh", "validate", env, wrap=sandbox)
+    again = host.run("aws-ofi-nccl.sh", "validate", env, scratch=ldconf)
     assert again.returncode == 1
     assert f"other aws-ofi-nccl plugins NCCL could load instead of {prefix}/lib's: {loose}" in again.stderr
 
