@@ -10,6 +10,7 @@ parameter at build time.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from aws_cdk import Aws, CfnOutput, RemovalPolicy, Stack
@@ -19,9 +20,10 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as assets
 from cdk_nag import NagSuppressions
 from constructs import Construct
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ami import paths, render
+from launcher.plans.preflight_limits import build_quota_class
 
 ROOT = render.HERE.parent
 SOURCE_EXCLUDE = render.SOURCE_EXCLUDE
@@ -47,6 +49,18 @@ LIFECYCLE_POLICY = "service-role/EC2ImageBuilderLifecycleExecutionPolicy"
 IMAGEBUILDER = "imagebuilder.amazonaws.com"
 
 
+# The build and test instances' types: Image Builder takes one of an infrastructure configuration's InstanceTypes
+# that has capacity ("You can specify one or more instance types to use for this build. The service will pick one of
+# these instance types based on availability": CreateInfrastructureConfiguration, instanceTypes,
+# https://docs.aws.amazon.com/imagebuilder/latest/APIReference/API_CreateInfrastructureConfiguration.html; a list in
+# AWS::ImageBuilder::InfrastructureConfiguration's InstanceTypes), so one type's InsufficientInstanceCapacity no
+# longer fails an hour-long build. Four vCPUs and 16 GiB each, one NVIDIA GPU the open kernel modules drive (Turing
+# and newer: A10G, L4, T4) the image's PyTorch has kernels for (sm_86 for 8.6 and 8.9, sm_75), and one quota:
+# "Running On-Demand G and VT instances" (launcher/plans/preflight_limits.py holds IMAGE_BUILD_TYPES equal).
+BUILD_INSTANCE_TYPES = ("g5.xlarge", "g6.xlarge", "g4dn.xlarge")
+_INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
+
+
 class ImageSpec(BaseModel):
     """The image stack's context, validated once in ami/app.py."""
 
@@ -56,7 +70,9 @@ class ImageSpec(BaseModel):
                             description="empty: scaletrain-image, or scaletrain-image-proprietary for that build")
     region: str = Field(default="us-east-1", pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$")
     base: str = Field(default="ubuntu", description="ubuntu, dlami, or an AMI id")
-    build_instance_type: str = Field(default="g5.xlarge", pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+    build_instance_types: tuple[str, ...] = Field(
+        default=BUILD_INSTANCE_TYPES, min_length=1,
+        description="the build and test instance's types, comma-separated; Image Builder takes one that has capacity")
     nvidia_kernel_modules: str = Field(default="open", pattern=r"^(open|proprietary)$")
     root_volume_gib: int = Field(default=ROOT_VOLUME_GIB, ge=60, le=2000)
     # The lifecycle policy's count filter takes 1 to 1000 (LifecyclePolicyDetailFilter, value: "Valid Range: Minimum
@@ -64,6 +80,24 @@ class ImageSpec(BaseModel):
     # API_LifecyclePolicyDetailFilter.html).
     keep_images: int = Field(default=KEEP_IMAGES, ge=1, le=1000,
                              description="the newest images (AMI and snapshots) the lifecycle policy keeps")
+
+    @field_validator("build_instance_types", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return tuple(t.strip() for t in value.split(",")) if isinstance(value, str) else value
+
+    @field_validator("build_instance_types")
+    @classmethod
+    def _one_quota(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if bad := [t for t in value if not _INSTANCE_TYPE.fullmatch(t)]:
+            raise ValueError(f"{bad[0]!r} is not an instance type name; allowed: names such as g5.xlarge, "
+                             "comma-separated")
+        # One vCPU quota for the build: preflight checks the one the default types draw on.
+        classes = {build_quota_class(t).label for t in value}
+        if len(classes) > 1:
+            raise ValueError(f"the types draw on different on-demand vCPU quotas ({', '.join(sorted(classes))}); "
+                             "allowed: types of one class, e.g. g5.xlarge,g6.xlarge,g4dn.xlarge")
+        return value
 
     @property
     def name(self) -> str:
@@ -125,7 +159,7 @@ class ImageStack(Stack):
 
         infrastructure = imagebuilder.CfnInfrastructureConfiguration(
             self, "Infrastructure", name=prefix, instance_profile_name=profile.ref,
-            instance_types=[spec.build_instance_type], terminate_instance_on_failure=True,
+            instance_types=list(spec.build_instance_types), terminate_instance_on_failure=True,
             instance_metadata_options=imagebuilder.CfnInfrastructureConfiguration.InstanceMetadataOptionsProperty(
                 http_tokens="required", http_put_response_hop_limit=2),
             logging=imagebuilder.CfnInfrastructureConfiguration.LoggingProperty(

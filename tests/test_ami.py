@@ -203,8 +203,8 @@ def test_stack_builds_the_image_on_the_chosen_base(synth) -> None:
         "Distributions": [Match.object_like({"AmiDistributionConfiguration": Match.object_like(
             {"AmiTags": render.ami_tags(VERSIONS, "ubuntu")})})]})
     template.has_resource_properties("AWS::ImageBuilder::InfrastructureConfiguration", {
-        "InstanceTypes": ["g5.xlarge"], "InstanceMetadataOptions": {"HttpTokens": "required",
-                                                                     "HttpPutResponseHopLimit": 2}})
+        "InstanceTypes": ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"],  # Image Builder takes one with capacity
+        "InstanceMetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2}})
     template.has_resource_properties("AWS::ImageBuilder::Image", {
         "ImageTestsConfiguration": {"ImageTestsEnabled": True, "TimeoutMinutes": 120}})
     template.has_output("ImageId", {"Value": {"Fn::GetAtt": ["Image", "ImageId"]}})
@@ -229,6 +229,9 @@ def test_cdk_nag_has_no_unsuppressed_findings(synth) -> None:
 @pytest.mark.parametrize(("context", "line"), [
     ({"base": "centos"}, "error: base='centos': choose one of ubuntu, dlami, or an AMI id (ami-...)"),
     ({"nvidia_kernel_modules": "closed"}, "error: nvidia_kernel_modules='closed': string should match pattern"),
+    ({"build_instance_types": "g5.xlarge,p3.2xlarge"}, "error: build_instance_types='g5.xlarge,p3.2xlarge': the types "
+     "draw on different on-demand vCPU quotas (G and VT, P); allowed: types of one class"),
+    ({"build_instance_types": "g5.xlarge,"}, "error: build_instance_types='g5.xlarge,': '' is not an instance type"),
 ])  # fmt: skip
 def test_app_exits_1_with_one_error_line(context: dict, line: str) -> None:
     env = {**os.environ, **CDK_ENV, "CDK_CONTEXT_JSON": json.dumps(context), "CDK_OUTDIR": "/nonexistent-not-written"}

@@ -1,6 +1,6 @@
 """What still stops a large cluster or the image build (issue 25, item 7): the Region's network-interface quota (a
 p5.48xlarge takes 32 interfaces, so 150 of them take most of the default 5,000), and, with no image yet, the G and VT
-vCPU quota the image build's g5 draws on (0 in many new accounts) and a default VPC that routes out. Pure decisions
+vCPU quota the image build's G types draw on (0 in many new accounts) and a default VPC that routes out. Pure decisions
 at their boundaries, on both sides; then the shell against moto (its default VPC, unlike AWS's, has no internet
 gateway: the very case a user who deleted theirs is in)."""
 
@@ -58,7 +58,8 @@ def test_unread_interfaces_are_skipped_and_not_asked_is_silent():
 # --- the image build -------------------------------------------------------------------------------------------
 
 def build(**kw) -> BuildFacts:
-    base = dict(instance_type="g5.xlarge", vcpus=4, quota=Quota(G_OD, "Running On-Demand G and VT instances", 4, 0),
+    base = dict(instance_types=("g5.xlarge", "g6.xlarge", "g4dn.xlarge"), vcpus=4,
+                quota=Quota(G_OD, "Running On-Demand G and VT instances", 4, 0),
                 default_vpc="vpc-1", routes_out=True)
     return BuildFacts(**{**base, **kw})
 
@@ -69,8 +70,17 @@ def test_the_image_build_needs_its_g5s_vcpus_under_the_g_and_vt_quota(quota, sta
     [v, _] = limits.check_image_build(spec(), build(quota=q))
     assert v.status == status, v
     if status == "FAIL":
-        assert f"(L-DB2E81BA) is {quota} vCPUs in us-east-1; the image build's g5.xlarge needs 4" in v.line
+        assert (f"Running On-Demand G and VT instances (L-DB2E81BA) is {quota} vCPUs in us-east-1; the image build's "
+                "g5.xlarge or g6.xlarge or g4dn.xlarge (whichever has capacity) needs 4") in v.line
         assert v.line.endswith("--service-code ec2 --quota-code L-DB2E81BA --desired-value 4`")
+    else:
+        assert v.line == ("Running On-Demand G and VT instances (L-DB2E81BA): the image build's g5.xlarge or g6.xlarge "
+                          "or g4dn.xlarge (whichever has capacity) needs 4 of 4 vCPUs")
+
+
+def test_one_build_type_is_named_alone():
+    [v, _] = limits.check_image_build(spec(), build(instance_types=("g5.xlarge",)))
+    assert v.line.endswith("the image build's g5.xlarge needs 4 of 4 vCPUs")
 
 
 def test_the_image_build_needs_a_default_vpc_that_routes_out():
@@ -103,10 +113,12 @@ def test_the_build_checks_run_only_with_no_image_and_decide_says_them():
     assert not lines(preflight.decide(spec(), facts()), "image-build")
 
 
-def test_the_build_type_is_the_image_stacks():
+def test_the_build_types_are_the_image_stacks_and_draw_on_the_g_and_vt_quota():
     from ami.stack import ImageSpec
 
-    assert ImageSpec().build_instance_type == limits.IMAGE_BUILD_TYPE
+    assert ImageSpec().build_instance_types == limits.IMAGE_BUILD_TYPES
+    assert len(limits.IMAGE_BUILD_TYPES) > 1  # one type's InsufficientInstanceCapacity must not fail the build
+    assert {limits.build_quota_class(t).on_demand[0] for t in limits.IMAGE_BUILD_TYPES} == {G_OD}
 
 
 # --- the shell, against moto -------------------------------------------------------------------------------------
@@ -148,7 +160,7 @@ def test_with_no_image_the_shell_reads_the_build_quota_and_the_default_vpcs_rout
     ec2 = sess.client("ec2")
     facts_ = preflight_shell.gather(sess, spec(az="us-east-1a"))
     b = facts_.build
-    assert (b.instance_type, b.vcpus, b.quota.value, b.routes_out) == ("g5.xlarge", 4, 0, False)
+    assert (b.instance_types, b.vcpus, b.quota.value, b.routes_out) == (limits.IMAGE_BUILD_TYPES, 4, 0, False)
     assert b.default_vpc.startswith("vpc-")
     # Give it what AWS's default VPC has: an internet gateway and the main table's route to it.
     igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]

@@ -138,10 +138,10 @@ def read_interfaces(ec2: Any, sq: Any, cw: Any, now: dt.datetime) -> Quota:
 
 def read_build(ec2: Any, sq: Any, cw: Any, now: dt.datetime) -> BuildFacts:
     """What the image build needs: its type's vCPUs and quota, the default VPC and whether it routes out."""
-    itype = preflight_limits.IMAGE_BUILD_TYPE
-    vcpus = _read(lambda: int(ec2.describe_instance_types(InstanceTypes=[itype])["InstanceTypes"][0]["VCpuInfo"]
-                              ["DefaultVCpus"]))
-    code = preflight_limits.build_quota_class(itype).on_demand[0]
+    itypes = preflight_limits.IMAGE_BUILD_TYPES
+    vcpus = _read(lambda: max(int(t["VCpuInfo"]["DefaultVCpus"])
+                              for t in ec2.describe_instance_types(InstanceTypes=list(itypes))["InstanceTypes"]))
+    code = preflight_limits.build_quota_class(itypes[0]).on_demand[0]
     quota = _read(lambda: read_quota(sq, cw, code, now))
 
     def network() -> tuple[str | None, bool]:
@@ -156,7 +156,7 @@ def read_build(ec2: Any, sq: Any, cw: Any, now: dt.datetime) -> BuildFacts:
 
     found = _read(network)
     vpc, out = (found, False) if isinstance(found, Unread) else found
-    return BuildFacts(instance_type=itype, vcpus=vcpus, quota=quota, default_vpc=vpc, routes_out=out)
+    return BuildFacts(instance_types=itypes, vcpus=vcpus, quota=quota, default_vpc=vpc, routes_out=out)
 
 
 def gather(sess: boto3.Session, spec: ClusterSpec, *, now: dt.datetime | None = None) -> Facts:

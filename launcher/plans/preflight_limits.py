@@ -9,8 +9,9 @@
   quota code L-DF5E4CA3, default 5,000: https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html,
   "Network interfaces") minus the interfaces that exist. Past it, RunInstances fails with
   NetworkInterfaceLimitExceeded and the Auto Scaling group never fills.
-- image-build: with no image yet, the image stack's build and test instances (``IMAGE_BUILD_TYPE``, a g5) draw on
-  "Running On-Demand G and VT instances" (L-DB2E81BA), which is 0 vCPUs in many new accounts
+- image-build: with no image yet, the image stack's build and test instances (one of ``IMAGE_BUILD_TYPES``, G types
+  all, whichever Image Builder finds capacity for) draw on "Running On-Demand G and VT instances" (L-DB2E81BA), which
+  is 0 vCPUs in many new accounts
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-on-demand-instances.html#ec2-on-demand-instances-limits);
   and the image stack names no subnet, so EC2 puts them in the default VPC's default subnet ("If you don't specify a
   subnet when you launch an instance, the instance is launched into a default subnet",
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from infra.spec import ClusterSpec
 from launcher.plans.preflight import QUOTA_CLASSES, Quota, QuotaClass, Unread, Verdict, needs
 
-__all__ = ["ENDPOINT_INTERFACES", "IMAGE_BUILD_TYPE", "INTERFACE_QUOTA", "BuildFacts", "InterfaceFacts",
+__all__ = ["ENDPOINT_INTERFACES", "IMAGE_BUILD_TYPES", "INTERFACE_QUOTA", "BuildFacts", "InterfaceFacts",
            "build_quota_class", "check_image_build", "check_interfaces", "interfaces_needed", "routes_out"]
 
 INTERFACE_QUOTA = ("L-DF5E4CA3", "Network interfaces per Region")   # service code vpc
@@ -38,9 +39,9 @@ INTERFACE_QUOTA = ("L-DF5E4CA3", "Network interfaces per Region")   # service co
 # one interface; FSx for Lustre's file servers add their own, not counted here.
 ENDPOINT_INTERFACES = 4
 HEAD_INTERFACES = 1
-# ami/stack.py's ImageSpec.build_instance_type default (a test holds the two equal); Image Builder runs the build and
-# then the test instance of this type.
-IMAGE_BUILD_TYPE = "g5.xlarge"
+# ami/stack.py's ImageSpec.build_instance_types default (a test holds the two equal): Image Builder runs the build and
+# then the test instance, each of one of these types, whichever has capacity; one quota class for all.
+IMAGE_BUILD_TYPES = ("g5.xlarge", "g6.xlarge", "g4dn.xlarge")
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,9 @@ class InterfaceFacts:
 class BuildFacts:
     """What the image build needs, read only when there is no image yet (None in Facts otherwise)."""
 
-    instance_type: str
-    vcpus: int | Unread                       # DescribeInstanceTypes' DefaultVCpus
-    quota: Quota | Unread                     # the type's on-demand vCPU quota
+    instance_types: tuple[str, ...]           # the types Image Builder may take (IMAGE_BUILD_TYPES), one quota class
+    vcpus: int | Unread                       # the most DefaultVCpus of them (DescribeInstanceTypes)
+    quota: Quota | Unread                     # their on-demand vCPU quota
     default_vpc: str | None | Unread          # its id; None: the Region has no default VPC
     routes_out: bool = False                  # an instance in a default subnet reaches the internet (routes_out)
 
@@ -104,11 +105,12 @@ def check_image_build(spec: ClusterSpec, build: BuildFacts | None) -> list[Verdi
     if build is None:
         return []
     out: list[Verdict] = []
-    code, name = build_quota_class(build.instance_type).on_demand
+    code, name = build_quota_class(build.instance_types[0]).on_demand
     q, vcpus = build.quota, build.vcpus
-    what = f"the image build's {build.instance_type}"
+    types = " or ".join(build.instance_types)
+    what = f"the image build's {types}" + (" (whichever has capacity)" if len(build.instance_types) > 1 else "")
     if isinstance(q, Unread) or isinstance(vcpus, Unread):
-        out.append(Verdict("image-build", "skip", f"could not read {name} ({code}) or {build.instance_type}'s vCPUs "
+        out.append(Verdict("image-build", "skip", f"could not read {name} ({code}) or the vCPUs of {types} "
                                                   f"in {spec.region}: {q if isinstance(q, Unread) else vcpus}"))
     else:
         in_use = q.usage or 0.0
