@@ -1,15 +1,18 @@
 """CDK entry point of the image stack: ``npx cdk deploy --app ".venv/bin/python ami/app.py"`` builds the image and
 publishes its id where cluster stacks find it (ami.paths.image_id_parameter).
 
-Context: ``base`` (ubuntu, dlami, or an AMI id), ``build_instance_type`` (default g5.xlarge),
+Context: ``base`` (ubuntu, dlami, or an AMI id), ``build_instance_types`` (comma-separated, one vCPU quota class;
+default g5.xlarge,g6.xlarge,g4dn.xlarge: Image Builder takes one that has capacity),
 ``nvidia_kernel_modules`` (open, or proprietary for V100: p3, p3dn), ``root_volume_gib`` (default 200; cluster nodes
 get the image's size), ``keep_images`` (default 3: the lifecycle policy deletes older images with their AMIs and
 snapshots), ``region``, ``stack_name`` (default scaletrain-image, or scaletrain-image-proprietary).
-Bad context ends with one ``error: ...`` line and exit status 1.
+Bad context ends with one ``error: ...`` line and exit status 1; so does a key the app does not read, other than
+cdk.json's own entries (the cluster app's defaults, which this app receives too) left as cdk.json has them.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from pydantic import ValidationError  # noqa: E402
 
 from ami import render  # noqa: E402
 from ami.stack import ImageSpec, ImageStack  # noqa: E402
+from infra.spec import unknown_context_keys, unknown_key_line  # noqa: E402
 
 
 class SpecError(ValueError):
@@ -33,6 +37,10 @@ class SpecError(ValueError):
 
 
 def spec_from_context(app: App) -> ImageSpec:
+    given = app.node.get_all_context()
+    project = json.loads((_ROOT / "cdk.json").read_text()).get("context", {})
+    for key in unknown_context_keys(given, ImageSpec.model_fields, project=project):
+        raise SpecError(unknown_key_line(key, given[key], ImageSpec.model_fields))
     values = {k: app.node.try_get_context(k) for k in ImageSpec.model_fields}
     values = {k: v for k, v in values.items() if v is not None}
     try:
@@ -40,7 +48,8 @@ def spec_from_context(app: App) -> ImageSpec:
     except ValidationError as e:
         first = e.errors()[0]
         key = str(first["loc"][0]) if first["loc"] else "context"
-        raise SpecError(f"{key}={values.get(key)!r}: {first['msg'].lower()}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise SpecError(f"{key}={values.get(key)!r}: {message[:1].lower()}{message[1:]}") from None
     try:
         base = render.base_info(render.load_versions(), spec.base)
     except ValueError as e:

@@ -1,7 +1,8 @@
 """CDK entry point: context -> one ClusterSpec -> one ClusterStack, with cdk-nag's AwsSolutions checks.
 
 The CLI runs ``.venv/bin/python infra/app.py`` from the repository root (cdk.json). Bad context ends with
-one ``error: ...`` line on stderr and exit status 1, never a traceback.
+one ``error: ...`` line on stderr and exit status 1, never a traceback; so does a context key the app does not read
+(a misspelt ``instance_typ`` would otherwise deploy the default instance type).
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ elif str(_ROOT) not in sys.path:
 from aws_cdk import App, Aspects, Environment  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
-from infra.spec import READ_KEYS, ClusterSpec, SpecError  # noqa: E402
+from infra.spec import CONTEXT_KEYS, READ_KEYS, ClusterSpec, SpecError, unknown_context_keys, unknown_key_line  # noqa: E402
 from infra.stack import ClusterStack  # noqa: E402
 
 
 def build(context: dict[str, Any] | None = None, *, outdir: str | None = None) -> tuple[App, ClusterStack]:
     """The app and its one stack. ``context`` overrides what the CLI passes (tests use it)."""
     app = App(context=context, outdir=outdir)
+    given = app.node.get_all_context()  # cdk.json's, the CLI's own and every -c key=value, merged
+    for key in unknown_context_keys(given, READ_KEYS):
+        raise SpecError(unknown_key_line(key, given[key], CONTEXT_KEYS))
     spec = ClusterSpec.from_context({key: app.node.try_get_context(key) for key in READ_KEYS})
     # Region only: the account stays agnostic, so synth needs no credentials and makes no AWS calls.
     stack = ClusterStack(app, spec.cluster_name, spec=spec, env=Environment(region=spec.region))

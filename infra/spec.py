@@ -12,8 +12,9 @@ launcher read the same answer.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -29,6 +30,7 @@ HEAD_INSTANCE_TYPE = "m5.large"
 
 __all__ = [
     "CAPACITY_BLOCK_TYPES",
+    "CDK_OWN_KEYS",
     "CHECKPOINT_PREFIX_DEFAULT",
     "CONTEXT_KEYS",
     "FSX_DEFAULT_CAPACITY_GIB",
@@ -38,6 +40,9 @@ __all__ = [
     "TCP_ONLY_EFA_FAMILIES",
     "ClusterSpec",
     "SpecError",
+    "is_cdk_key",
+    "unknown_context_keys",
+    "unknown_key_line",
 ]
 
 # AWS: EFA traffic between P4d/P4de/P5/P5en and instances of other families is not supported, so
@@ -491,6 +496,43 @@ class _CrossFieldError(ValueError):
 CONTEXT_KEYS: tuple[str, ...] = tuple(ClusterSpec.model_fields)
 # What infra/app.py reads from the CDK context: the spec's keys, and the removed ones so that they are refused.
 READ_KEYS: tuple[str, ...] = (*CONTEXT_KEYS, *REMOVED_KEYS)
+
+# Keys the CDK puts in an app's context beside the user's ("Context values and the AWS CDK",
+# https://docs.aws.amazon.com/cdk/v2/guide/context.html: cdk.json, cdk.context.json, ~/.cdk.json and --context all
+# merge into it): feature flags ("@aws-cdk/..."), the CLI's own settings ("aws:cdk:enable-path-metadata",
+# "aws:cdk:version-reporting", "aws:cdk:bundling-stacks", as CDK_CONTEXT_JSON carries them), the cache of context
+# lookups in cdk.context.json ("availability-zones:account=...:region=...") and the notices `cdk acknowledge`
+# hid ("Acknowledgements are saved at a CDK project level",
+# https://docs.aws.amazon.com/cdk/v2/guide/ref-cli-cmd-ack.html). None of them is the user's to misspell.
+CDK_OWN_KEYS = frozenset({"acknowledged-issue-numbers"})
+
+
+def is_cdk_key(key: str) -> bool:
+    """Whether ``key`` is one the CDK itself keeps in the context (:data:`CDK_OWN_KEYS`, "@..." flags, ":" keys)."""
+    return key in CDK_OWN_KEYS or key.startswith("@") or ":" in key
+
+
+def unknown_context_keys(context: Mapping[str, Any], known: Iterable[str], *,
+                         project: Mapping[str, Any] | None = None) -> list[str]:
+    """The keys of ``context`` a user gave that the app does not read (``known``), in the context's order.
+
+    `cdk synth -c instance_typ=p5.48xlarge` would otherwise synthesize the default without a word. The CDK's own keys
+    (:func:`is_cdk_key`) are never the user's; nor is an entry of ``project`` (cdk.json's ``context``, which both
+    apps of the repository receive) that still holds the value cdk.json gives it.
+    """
+    allowed, project = set(known), project or {}
+
+    def as_given(value: Any) -> str:  # -c values arrive as strings, cdk.json's as JSON values
+        return value if isinstance(value, str) else json.dumps(value)
+
+    return [key for key, value in context.items()
+            if key not in allowed and not is_cdk_key(key)
+            and not (key in project and as_given(value) == as_given(project[key]))]
+
+
+def unknown_key_line(key: str, value: Any, known: Iterable[str]) -> str:
+    """The one line for a context key the app does not read, in the form of the other context errors."""
+    return f"{key}={value!r}: unknown context key; allowed: {', '.join(known)}"
 
 
 def _one_line(exc: ValidationError, values: Mapping[str, Any]) -> str:

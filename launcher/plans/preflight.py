@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from infra import catalog
+from infra import spec as cdk_context
 from infra.spec import CAPACITY_BLOCK_TYPES, CONTEXT_KEYS, HEAD_INSTANCE_TYPE, READ_KEYS, ClusterSpec, SpecError
 
 __all__ = ["QUOTA_CLASSES", "Facts", "ImageFacts", "Need", "Quota", "Unread", "Verdict",
@@ -175,17 +176,14 @@ class Facts:
 
 
 def context_from_args(pairs: Iterable[str], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """cdk.json's context (``defaults``) overlaid with ``-c KEY=VALUE`` pairs, as the CDK CLI merges them.
-
-    A malformed pair or a key the stack does not read is a one-line ValueError: `cdk deploy` would silently ignore a
-    misspelt key, and the stack would be built without it.
-    """
+    """cdk.json's context (``defaults``) overlaid with ``-c KEY=VALUE`` pairs, as the CDK CLI merges them. A malformed
+    pair or a key the stack does not read (infra/app.py refuses it too) is a one-line ValueError."""
     context = dict(defaults or {})
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"-c {pair}: expected KEY=VALUE, e.g. -c nodes=8")
-        if key not in READ_KEYS and not key.startswith(("@", "aws:")):
+        if cdk_context.unknown_context_keys({key: value}, READ_KEYS):
             raise ValueError(f"-c {pair}: unknown context key {key!r}; allowed: {', '.join(CONTEXT_KEYS)}")
         context[key] = value
     return context
