@@ -117,7 +117,7 @@ def test_a_sets_hash_is_its_content():
     assert reqs.set_hash([a, b], IMAGE) == reqs.set_hash([b, a], IMAGE)
     assert reqs.set_hash([a, b], IMAGE) != reqs.set_hash([a, reqs.Wheel(b.filename, "3" * 64, 1)], IMAGE)
     assert reqs.set_hash([a], IMAGE) != reqs.set_hash([a], REHEARSAL)  # another interpreter, another environment
-    doc = reqs.set_document([a, b], IMAGE, "/fsx")
+    doc = reqs.set_document([a, b], IMAGE, "/fsx/scaletrain")
     assert doc["env"] == f"/fsx/scaletrain/envs/{reqs.set_hash([a, b], IMAGE)}" and doc["pins"] == ["a==1", "b==1"]
     assert doc["wheels"] == [f"/fsx/scaletrain/wheels/{'1' * 64}/a-1-py3-none-any.whl",
                              f"/fsx/scaletrain/wheels/{'2' * 64}/b-1-py3-none-any.whl"]

@@ -34,8 +34,8 @@ NUMPY_ABI = 2
 PROTECTED = ("torch", "horovod")     # the image's builds (CUDA torch, Horovod with NCCL): never replaced, never sent
 # torch's own CUDA libraries and compiler come with the image's torch (its wheel's Requires-Dist): never sent.
 IMAGE_ONLY = re.compile(r"^(nvidia-.*|triton)$")
-ENVS = "scaletrain/envs"             # under the shared storage: one environment per resolved set
-WHEELS = "scaletrain/wheels"         # ... and every wheel under its sha256
+ENVS = "envs"                        # under the shared root (/fsx/scaletrain): one environment per resolved set
+WHEELS = "wheels"                    # ... and every wheel under its sha256
 READY = ".scaletrain-ready"          # written last into an environment: it is complete
 LOCK_SUFFIX = ".lock"                # mkdir-atomic (POSIX mkdir(2) fails with EEXIST; so does SFTP's MKDIR)
 LOCK_BEAT_S = 10                     # how often the node making an environment says it is still at it
@@ -231,8 +231,11 @@ def layer_pth(image_site_packages: list[str]) -> str:
 
 
 def venv_argv(python: str, env: str) -> list[str]:
-    """The environment, over the image's (``--without-pip``: the image's pip installs into it through the .pth)."""
-    return [python, "-m", "venv", "--system-site-packages", "--without-pip", env]
+    """The environment, over the image's (``--without-pip``: the image's pip installs into it through the .pth).
+    ``--copies``: the interpreter is copied, not linked to the node's /usr/bin, whose absolute link a network file
+    system's server resolves in its own tree (OpenSSH's chrooted sftp-server refuses to read it, so the rehearsal
+    nodes' sshfs cannot run a linked venv; https://docs.python.org/3/library/venv.html, "--copies")."""
+    return [python, "-m", "venv", "--system-site-packages", "--without-pip", "--copies", env]
 
 
 def install_argv(env: str, document: dict, pins_file: str) -> list[str]:
