@@ -321,9 +321,21 @@ def test_refreshed_prices_are_cached_and_used_next_time(tmp_path, monkeypatch, c
      "error: --ps-per-worker 1e+308 with --nodes 1 makes 1e+308 parameter server nodes: allowed: 0 to 4096"),
     (["--nodes", "4096", "--strategies", "reducers", "--reducers-per-worker", "3"],
      "error: --reducers-per-worker 3 with --nodes 4096 makes 12,288 reducer nodes: allowed: 0 to 4096 reducer nodes"),
-    (["--batch-per-gpu", "99999999999999999999", "--instance-types", "p5.48xlarge"],
+    (["--batch-per-gpu", str(2**53), "--instance-types", "p5.48xlarge"],
      "error: 1 x p5.48xlarge: 1,281,167 images over 8 ranks is 160,145 per rank, fewer than one batch of "
-     "99999999999999999999; use fewer nodes or a smaller --batch-per-gpu"),
+     f"{2**53}; use fewer nodes or a smaller --batch-per-gpu"),
+    # Past 2**53 (10**400 was an OverflowError traceback).
+    (["--batch-per-gpu", str(2**53 + 1)], "error: --batch-per-gpu must be at most 9,007,199,254,740,992 (2**53, "
+                                          "the largest count the model holds exactly), got 9,007,199,254,740,993"),
+    (["--images-per-epoch", "1" + "0" * 400], "error: --images-per-epoch must be at most 9,007,199,254,740,992"),
+    # A figure the model cannot count: the plot's traceback (log scale of inf).
+    (["--gpu-throughput", "1e-300"], "error: 1 x p3.16xlarge: the cost comes to inf, beyond what the model can count "
+                                     "(per-GPU throughput 1e-300 img/s, override (--gpu-throughput))"),
+    # A GPU type as the tier's: exit 1 before, from the model, once per run.
+    (["--ps-type", "p4d.24xlarge"], "error: --ps-type p4d.24xlarge has GPUs; parameter servers run on CPU instance "
+                                    "types (default m5.24xlarge)"),
+    (["--reducer-type", "p5.48xlarge", "--strategies", "reducers"],
+     "error: --reducer-type p5.48xlarge has GPUs; reducers run on CPU instance types (default c5n.18xlarge)"),
     (["--epochs", "10001"], "error: --epochs must be <= 10000, got 10001 (allowed: 1 to 10000 epochs)"),
     (["--precision", "fp8"], "error: --precision must be one of: amp, fp32; got 'fp8'"),
     (["--nodes", "2,4097"], "error: --nodes 4097: allowed: 1 to 4096 worker nodes"),
@@ -336,3 +348,53 @@ def test_bad_input_is_one_line_and_non_zero(tmp_path, monkeypatch, capsys, args,
     assert "Input should" not in stderr and "_" not in stderr.split()[1], stderr
     assert stderr.startswith(message) and stderr.count("\n") == 1, stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_gpu_tier_type_is_no_matter_when_its_strategy_is_not_compared(tmp_path, monkeypatch, capsys):
+    code, _, stderr = run_cli(["cost", "--instance-types", "p5.48xlarge", "--strategies", "horovod,reducers",
+                               "--nodes", "1", "--ps-type", "p4d.24xlarge", "--out", str(tmp_path / "r")],
+                              tmp_path / "home", monkeypatch, capsys)
+    assert code == 0, stderr
+
+
+def test_the_smallest_throughput_the_model_can_count_makes_a_report(tmp_path, monkeypatch, capsys):
+    code, _, stderr = run_cli(["cost", "--instance-types", "p3.16xlarge", "--strategies", "horovod", "--nodes", "1",
+                               "--gpu-throughput", "1e-290", "--out", str(tmp_path / "r")], tmp_path / "home",
+                              monkeypatch, capsys)
+    assert code == 0 and (tmp_path / "r" / "time_vs_cost.png").stat().st_size > 0, stderr
+
+
+def _bad_outs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    (tmp_path / "file").write_text("mine\n")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    return {
+        "file": (tmp_path / "file", "is a file; name a directory"),
+        "under a file": (tmp_path / "file" / "r", f"{tmp_path / 'file'} is a file, not a directory"),
+        "loop": (tmp_path / "loop", f"{tmp_path / 'loop'} is a symbolic link loop; name a directory"),
+        "under a loop": (tmp_path / "loop" / "r", f"{tmp_path / 'loop'} is a symbolic link loop"),
+        "dangling": (tmp_path / "dangling", f"is a symbolic link to {tmp_path / 'nowhere' / 'x'}, which does not "
+                                            f"exist; name a directory"),
+    }
+
+
+@pytest.mark.parametrize("case", ["file", "under a file", "loop", "under a loop", "dangling"])
+def test_an_out_that_cannot_be_a_directory_is_a_usage_error_before_any_work(case, tmp_path, monkeypatch, capsys):
+    """A symbolic link loop said "File exists" (exit 1), after the whole grid was computed and plotted."""
+    from launcher.cost import report as costreport
+
+    out, said = _bad_outs(tmp_path)[case]
+    monkeypatch.setattr(costreport, "evaluate_grid", lambda *a, **kw: pytest.fail("computed before --out's check"))
+    code, stdout, stderr = run_cli(["cost", "--out", str(out)], tmp_path / "home", monkeypatch, capsys)
+    assert code == 2 and stdout == "" and stderr.count("\n") == 1, stderr
+    assert stderr.startswith(f"error: --out {out}") and said in stderr, stderr
+    assert (tmp_path / "file").read_text() == "mine\n"
+
+
+def test_an_out_whose_directory_is_not_there_yet_is_made(tmp_path, monkeypatch, capsys):
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    (tmp_path / "real").mkdir()
+    for out in (tmp_path / "new" / "deeper", tmp_path / "link" / "r"):
+        code, _, stderr = run_cli(["cost", "--instance-types", "p5.48xlarge", "--strategies", "horovod", "--nodes",
+                                   "1", "--out", str(out)], tmp_path / "home", monkeypatch, capsys)
+        assert code == 0 and (out / "report.html").is_file(), stderr

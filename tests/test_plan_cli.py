@@ -281,6 +281,25 @@ def test_plan_gpu_throughput_override_and_spot_from_the_cache(tmp_path, monkeypa
     (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", "1000000000"],
      "error: --epochs must be <= 10000, got 1000000000"),
     (["--nodes", "2", "--instance-type", "p4d.24xlarge", "--epochs", "0"], "error: --epochs must be >= 1, got 0"),
+    # Figures the model cannot count: --json printed `Infinity` (not JSON), the tables a 300-digit time to train.
+    (["--nodes", "1", "--instance-type", "p4d.24xlarge", "--gpu-throughput", "1e-300", "--json"],
+     "error: 1 x p4d.24xlarge: the cost comes to inf, beyond what the model can count (per-GPU throughput 1e-300 "
+     "img/s, override (--gpu-throughput))"),
+    (["--nodes", "1", "--instance-type", "p4d.24xlarge", "--params", "1", "--sample-gflops", "1e308",
+      "--samples-per-epoch", "100000"], "error: 1 x p4d.24xlarge: the cost comes to inf"),
+    # Counts past 2**53 (10**400 was an OverflowError traceback); '' quietly meant the default.
+    (["--nodes", "1", "--instance-type", "p4d.24xlarge", "--images-per-epoch", str(2**53 + 1)],
+     "error: --images-per-epoch must be at most 9,007,199,254,740,992 (2**53, the largest count the model holds "
+     "exactly), got 9,007,199,254,740,993"),
+    (["--nodes", "1", "--instance-type", "p4d.24xlarge", "--batch-per-gpu", "1" + "0" * 400],
+     "error: --batch-per-gpu must be at most 9,007,199,254,740,992 (2**53, the largest count the model holds "
+     "exactly), got a 401-digit number"),
+    (["--nodes", "1", "--instance-type", "p4d.24xlarge", "--params", "1" + "0" * 40, "--sample-gflops", "1",
+      "--samples-per-epoch", "100000"], "error: --params must be at most 9,007,199,254,740,992"),
+    (["--nodes", "1", "--instance-type", "p4d.24xlarge", "--strategy", ""],
+     "error: --strategy needs one of: horovod, reducers, ps, got ''"),
+    (["--nodes", "1", "--instance-type", "p4d.24xlarge", "--reducer-type", " "],
+     "error: --reducer-type needs an instance type such as c5n.18xlarge, got ' '"),
 ])
 def test_bad_input_is_one_line_and_non_zero(args, message, tmp_path, monkeypatch, capsys):
     code, out, err = launch_plan(args, tmp_path, monkeypatch, capsys)
@@ -370,3 +389,19 @@ def test_recorded_measurements_replace_the_catalog_figure_and_the_loader_assumpt
                                  capsys)
     assert code == 0 and err.startswith("warning: ignored the measured-loader file")
     assert json.loads(out)["estimate"]["images_per_sec"] == pytest.approx(8 * 1000 * 0.867)
+
+
+@pytest.mark.parametrize("args", [
+    ["--gpu-throughput", "1e-290"],  # a time to train of 1e302 s: absurd, but a number, so strict JSON holds it
+    ["--images-per-epoch", str(2**53)],
+    ["--params", str(2**53), "--sample-gflops", "1", "--samples-per-epoch", "100000"],
+])
+def test_the_last_figures_the_model_can_count_are_planned_as_strict_json(args, tmp_path, monkeypatch, capsys):
+    code, out, err = launch_plan(["--nodes", "1", "--instance-type", "p4d.24xlarge", *args, "--json"], tmp_path,
+                                 monkeypatch, capsys)
+    assert code == 0, err
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    assert json.loads(out, parse_constant=refuse)["estimate"]["cost_usd"] > 0

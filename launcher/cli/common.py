@@ -251,6 +251,31 @@ def check_named(option: str, value: str | None, what: str) -> None:
         raise usage_error(f"{option} needs {what}, got {value!r}")
 
 
+def output_dir(option: str, value: str) -> Path:
+    """--out DIR of a command that writes a directory (made when it is not there): one usage-error line, before
+    anything is computed, for '' (Path('') is '.', the current directory), a file, a symbolic link loop or one to
+    nothing, in DIR itself or on its way (mkdir would say only "File exists")."""
+    import errno
+    import stat
+
+    check_named(option, value, "a directory name")
+    path = Path(value)
+    there = next(p for p in (path, *path.parents) if os.path.lexists(p))  # the part of DIR that exists
+    try:
+        mode = os.stat(there).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise usage_error(f"{option} {value}: {there} is a symbolic link loop; name a directory") from None
+        if e.errno == errno.ENOENT and os.path.islink(there):
+            raise usage_error(f"{option} {value}: {there} is a symbolic link to {os.readlink(there)}, which does not "
+                              f"exist; name a directory") from None
+        raise LaunchError(f"{option} {value}: {there}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(mode):
+        raise usage_error(f"{option} {value} is a file; name a directory" if there == path else
+                          f"{option} {value}: {there} is a file, not a directory")
+    return path
+
+
 def check_aws_options(region: str | None, profile: str | None) -> None:
     """--region and --profile, when given, name something: '' would quietly mean the environment's."""
     check_named("--region", region, "a region name such as us-east-1")

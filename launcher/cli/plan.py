@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from launcher.cli.common import console, err, option_names, plural, usage_error, validation_error
+from launcher.cli.common import check_named, console, err, output_dir, plural, usage_error, validation_error
 from launcher.errors import LaunchError
 from launcher.plans import job
 
@@ -77,10 +77,11 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     check_nodes(nodes)
     if reducers is not None:
         check_nodes(reducers, "--reducers", role="parameter server" if strategy == "ps" else "reducer")
-    for name, value, low in (("--epochs", epochs, 1), ("--batch-per-gpu", batch_per_gpu, 1),
-                             ("--images-per-epoch", images_per_epoch, 1)):
-        if value is not None and value < low:
-            raise usage_error(f"{name} must be >= {low}, got {value}")
+    for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu),
+                        ("--images-per-epoch", images_per_epoch)):
+        check_count(name, value)
+    check_named("--strategy", strategy, "one of: horovod, reducers, ps")  # '' would quietly mean the default
+    check_named("--reducer-type", reducer_type, "an instance type such as c5n.18xlarge")
     check_throughput(gpu_throughput)
     check_precision(precision)
     warmup_epochs = default_warmup_epochs(epochs) if warmup_epochs is None else warmup_epochs
@@ -122,8 +123,8 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         raise LaunchError(str(e)) from None
     except ValueError as e:  # a shape or option the plan cannot be made for (no GPUs, fewer images than a batch)
         raise usage_error(str(e)) from None
-    if as_json:
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    if as_json:  # strict JSON (RFC 8259 has no inf or nan): the model refuses those figures (cost.shape.finite)
+        sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return
     e = Estimate.model_validate(doc["estimate"])
     console.print(f"plan: {e.shape}, {doc['shape']['ranks']} rank(s), {STRATEGY_LABELS[e.strategy]}, "
@@ -213,6 +214,22 @@ def check_precision(precision: str) -> None:
         raise usage_error(f"--precision must be one of: {', '.join(get_args(Precision))}; got '{precision}'")
 
 
+def check_count(option: str, value: int | None) -> None:
+    """A count the model divides (samples, parameters, a batch, epochs): >= 1 and at most cost.shape.MAX_COUNT
+    (2**53, the largest whole number a float holds exactly; far beyond it the model's arithmetic overflowed)."""
+    from launcher.cost.shape import MAX_COUNT
+
+    if value is None:
+        return
+    if value < 1:
+        raise usage_error(f"{option} must be >= 1, got {value}")
+    if value > MAX_COUNT:
+        digits = len(str(value))
+        shown = f"{value:,}" if digits <= 24 else f"a {digits}-digit number"
+        raise usage_error(f"{option} must be at most {MAX_COUNT:,} (2**53, the largest count the model holds "
+                          f"exactly), got {shown}")
+
+
 def check_throughput(gpu_throughput: float | None) -> None:
     if gpu_throughput is not None and not 0 < gpu_throughput < float("inf"):
         raise usage_error(f"--gpu-throughput must be a number of images/s > 0, got {gpu_throughput:g}")
@@ -229,8 +246,7 @@ def chosen_workload(name: str, *, epochs: int | None, images_per_epoch: int | No
         raise usage_error(problem)
     for option, value in (("--images-per-epoch", images_per_epoch), ("--params", params),
                           ("--samples-per-epoch", samples_per_epoch)):
-        if value is not None and value < 1:
-            raise usage_error(f"{option} must be >= 1, got {value}")
+        check_count(option, value)
     custom = {"--params": params, "--sample-gflops": sample_gflops, "--samples-per-epoch": samples_per_epoch}
     given = [option for option, value in custom.items() if value is not None]
     try:
@@ -293,14 +309,14 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     from launcher.cost import report as costreport
     from launcher.cost import shell as costshell
     from launcher.cost.inputs import STRATEGY_LABELS
-    from launcher.cost.model import BatchTooLarge
 
-    if out is not None and not out.strip():  # Path("") is ".": the report would land in the current directory
-        raise usage_error(f"--out needs a directory name, got {out!r}")
+    # Where the report goes is checked before anything is computed: '' (Path("") is ".": the current directory), a
+    # file, a symbolic link loop or one to nothing is a bad --out.
+    out_dir = output_dir("--out", out) if out is not None else \
+        Path("reports") / f"cost-{time.strftime('%Y%m%d-%H%M%S')}"
     for name, value in (("--epochs", epochs), ("--batch-per-gpu", batch_per_gpu),
                         ("--images-per-epoch", images_per_epoch)):
-        if value is not None and value < 1:  # None: the workload's own
-            raise usage_error(f"{name} must be >= 1, got {value}")
+        check_count(name, value)  # None: the workload's own
     check_throughput(gpu_throughput)
     check_precision(precision)
     try:
@@ -326,15 +342,13 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     try:
         result = costreport.evaluate_grid(grid, workload, book, today=dt.date.today(), measured=figures,
                                           constants=constants)
-    except BatchTooLarge as e:  # a bad --batch-per-gpu, as `launch plan` says it
+    except costreport.NothingPriced as e:  # what this machine knows (no spot price fetched), not the options
+        raise LaunchError(str(e)) from None
+    except ValueError as e:  # BatchTooLarge, OutOfRange, a tier the model refuses: the options, as plan says them
         raise usage_error(str(e)) from None
-    except ValueError as e:
-        raise LaunchError(option_names(str(e))) from None
     for line in [*result.notes, *(n for n in (note, loader_note) if n)]:
         err.print(f"warning: {line}", markup=False, highlight=False)
-    out = Path(out) if out is not None else Path("reports") / f"cost-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists() and not out.is_dir():
-        raise LaunchError(f"--out {out} is a file; name a directory")
+    out = out_dir
     try:
         costreport.write_report(out, costreport.render(result))
     except OSError as e:

@@ -51,11 +51,11 @@ from launcher.cost.inputs import (
     resolve_gpu_throughput,
 )
 from launcher.cost.prices import PriceQuote, catalog_quote
-from launcher.cost.shape import BatchTooLarge, default_tier_nodes, steps_per_epoch, tier_noun
+from launcher.cost.shape import BatchTooLarge, OutOfRange, default_tier_nodes, finite, steps_per_epoch, tier_noun
 from launcher.plans import loading
 
-__all__ = ["BatchTooLarge", "Estimate", "compare", "default_tier_nodes", "estimate", "model_notes", "node_efficiency",
-           "steps_per_epoch", "sync_overhead", "tier_noun"]
+__all__ = ["BatchTooLarge", "Estimate", "OutOfRange", "compare", "default_tier_nodes", "estimate", "model_notes",
+           "node_efficiency", "steps_per_epoch", "sync_overhead", "tier_noun"]
 
 # A multi-node shape is network-bound when at least this share of each step waits on communication (seed 000's
 # 8 x p3.16xlarge on 25 Gbps TCP: 4.8%, the rest of its 10% the slowest node's; 8 x p4d.24xlarge on EFA: none).
@@ -428,7 +428,7 @@ def estimate(
     if price.market == "spot":
         assumptions.append("spot: no interruption assumed; a reclaimed node costs the time back to the last epoch "
                            "checkpoint (`launch train --resume`) plus re-provisioning, which this figure leaves out")
-    return Estimate(
+    return finite(Estimate(  # no inf or nan: shape.finite says which figure and why
         instance_type=instance.name,
         nodes=nodes,
         gpus_per_node=gpus,
@@ -479,7 +479,7 @@ def estimate(
         cost_usd=cluster_hourly * time_to_train_s / 3600,
         cost_per_epoch_usd=cluster_hourly * epoch_s / 3600,
         assumptions=assumptions,
-    )
+    ))
 
 
 def compare(

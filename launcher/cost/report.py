@@ -39,6 +39,7 @@ __all__ = [
     "MAX_CELLS",
     "CostGrid",
     "GridResult",
+    "NothingPriced",
     "evaluate_grid",
     "pareto_front",
     "render",
@@ -119,10 +120,19 @@ class CostGrid(BaseModel):
             for n in self.nodes:
                 if problem := self.tier_problem(s, n):
                     raise ValueError(problem)
+        for strategy, option, name in (("ps", "--ps-type", self.ps_type), ("reducers", "--reducer-type",
+                                                                           self.reducer_type)):
+            if strategy in self.strategies and get(name).gpus:  # the model refuses them per cell; say it once, first
+                raise ValueError(f"{option} {name} has GPUs; {tier_noun(strategy)}s run on CPU instance types "
+                                 f"(default {DEFAULT_TIER_TYPE[strategy]})")
         for name in self.instance_types:
             if get(name).gpus == 0:
                 raise ValueError(f"{name} has no GPUs; list GPU instance types (reducer and server types are "
                                  f"chosen with --reducer-type and --ps-type)")
+
+
+class NothingPriced(ValueError):
+    """No cell of the grid has a price here (spot prices not fetched yet): what this machine knows, not a bad option."""
 
 
 class GridResult(BaseModel):
@@ -182,7 +192,7 @@ def evaluate_grid(grid: CostGrid, workload: Workload, book: PriceBook, *, today:
         notes.append(f"no {market} price for {', '.join(sorted(types))}: those cells are left out"
                      + (" (fetch spot prices with --refresh-prices)" if market == "spot" else ""))
     if not rows:
-        raise ValueError("no cell of the grid could be priced: " + "; ".join(notes[-len(missing):]))
+        raise NothingPriced("no cell of the grid could be priced: " + "; ".join(notes[-len(missing):]))
     return GridResult(grid=grid, workload=workload, rows=rows,
                       pareto=pareto_front([(r.time_to_train_s, r.cost_usd) for r in rows]),
                       prices=book.used(sorted(keys)), notes=notes, generated=today, constants=constants)  # type: ignore[arg-type]

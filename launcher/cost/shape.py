@@ -1,7 +1,18 @@
 """The shape of a run the cost model prices: steps per epoch (a batch too large for a rank's share is refused) and the
-CPU tier's nodes (seed 003's parameter servers, seed 004's reducers). Pure; launcher.cost.model re-exports it."""
+CPU tier's nodes (seed 003's parameter servers, seed 004's reducers), and the range of numbers the model answers in.
+Pure; launcher.cost.model re-exports it."""
 
 from __future__ import annotations
+
+import math
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+# The largest whole number a float holds exactly (IEEE 754 binary64: a 53-bit significand): a count of samples or
+# parameters beyond it is rounded once the model divides it, and from about 1.8e308 on it is no float at all
+# (Python's OverflowError). The commands refuse such counts before the model sees them.
+MAX_COUNT = 2**53
 
 _TIER_NOUN = {"ps": "parameter server", "reducers": "reducer"}
 
@@ -28,3 +39,25 @@ def tier_noun(strategy: str) -> str:
 def default_tier_nodes(strategy: str, nodes: int) -> int:
     """Seed 003's 2 parameter servers per worker; seed 004's one reducer per worker; none for horovod."""
     return {"ps": 2 * nodes, "reducers": nodes}.get(strategy, 0)
+
+
+class OutOfRange(ValueError):
+    """The inputs make a figure of an estimate infinite or not a number (a per-GPU throughput of 1e-300 img/s takes
+    inf seconds): refused in one line rather than printed, plotted or written as JSON, which has no inf (RFC 8259,
+    section 6: "Infinity and NaN are not permitted")."""
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def finite(estimate: Model) -> Model:
+    """``estimate`` when every float of it is finite, else :class:`OutOfRange` naming the first that is not."""
+    for name, value in estimate:
+        if isinstance(value, float) and not math.isfinite(value):
+            what = name.removesuffix("_s").removesuffix("_usd").replace("_", " ")
+            rate, unit = getattr(estimate, "gpu_images_per_sec", math.nan), getattr(estimate, "rate_unit", "")
+            source = str(getattr(estimate, "throughput_source", "")).split(":")[0]
+            raise OutOfRange(f"{getattr(estimate, 'shape', 'the shape')}: the {what} comes to {value:g}, beyond what "
+                             f"the model can count (per-GPU throughput {rate:g} {unit}, {source}); give a larger "
+                             f"per-GPU throughput, or fewer samples, parameters or GFLOP per sample")
+    return estimate
