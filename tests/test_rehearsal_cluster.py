@@ -140,6 +140,88 @@ def test_launch_ssh_runs_on_the_named_node_and_refuses_unknown_ones(home):
     assert_one_line_error(launch(home, "ssh", "node9", "--", "true", timeout=60), "node9")
 
 
+def _banner(address: str, timeout_s: float) -> bytes:
+    """What the node's sshd says first, within timeout_s: a node that runs answers at once; a frozen one never."""
+    import socket
+
+    with socket.create_connection((address, 22), timeout=timeout_s) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            return sock.recv(64)
+        except TimeoutError:
+            return b""
+
+
+def test_fault_drills_throttle_shape_and_freeze_one_node_and_clear_undoes_them(home):
+    from launcher.local import faults
+    from launcher.plans import faultdrill
+
+    state = cluster_state(home)
+    netns, veth = state["rehearsal"]["netns"]["node1"], state["rehearsal"]["veth"]["node1"]
+    node1 = next(n for n in state["nodes"] if n["name"] == "node1")
+    cg = faults._cpu_cgroup(netns)
+    assert cg is not None and not cg.exists()
+
+    proc = launch(home, "local", "fault", "node1", "--cpu", "0.3")
+    assert proc.returncode == 0 and "node1's CPU throttled to 30% of its vCPUs" in proc.stdout, proc.stderr
+    assert int((cg / "cpu.cfs_quota_us").read_text()) == faultdrill.cpu_quota_us(0.3, node1["cpus"])
+    assert int((cg / "cpu.cfs_period_us").read_text()) == faultdrill.CPU_PERIOD_US
+    members = {int(p) for p in (cg / "cgroup.procs").read_text().split()}
+    assert set(faults.node_pids(netns)) <= members  # every process of node1 ...
+    assert not members & set(faults.node_pids(state["rehearsal"]["netns"]["node0"]))  # ... and none of node0's
+    # A process node1 starts after the drill (here over SSH) is held to the quota too: it runs into the throttle.
+    launch(home, "ssh", "node1", "--", "timeout 1 sh -c 'while :; do :; done'; true", timeout=120, check=True)
+    stat = dict(line.split() for line in (cg / "cpu.stat").read_text().splitlines())
+    assert int(stat["nr_throttled"]) > 0
+
+    proc = launch(home, "local", "fault", "node1", "--net", "5mbit")
+    assert proc.returncode == 0 and "shaped to 5mbit each way" in proc.stdout, proc.stderr
+    host_end = subprocess.run(["tc", "qdisc", "show", "dev", veth], capture_output=True, text=True).stdout
+    node_end = subprocess.run(["ip", "netns", "exec", netns, "tc", "qdisc", "show", "dev", "eth0"],
+                              capture_output=True, text=True).stdout
+    assert "tbf" in host_end and "rate 5Mbit" in host_end, host_end
+    assert "tbf" in node_end and "rate 5Mbit" in node_end, node_end
+
+    assert _banner(node1["address"], 5).startswith(b"SSH-")
+    proc = launch(home, "local", "fault", "node1", "--freeze")
+    assert proc.returncode == 0 and "frozen" in proc.stdout, proc.stderr
+    from launcher.local import rehearsal_nodes
+
+    assert "frozen 1" in (rehearsal_nodes.node_cgroup(netns) / "cgroup.events").read_text().splitlines()
+    assert _banner(node1["address"], 3) == b""  # a hung instance: the kernel takes the connection, sshd says nothing
+    node0 = next(n for n in state["nodes"] if n["name"] == "node0")
+    assert _banner(node0["address"], 5).startswith(b"SSH-")  # the other node runs on
+
+    proc = launch(home, "local", "fault", "node1", "--clear")
+    assert proc.returncode == 0 and "node1's faults cleared (cpu, freeze, net)" in proc.stdout, proc.stderr
+    assert not cg.exists() and not cg.parent.exists()
+    assert "tbf" not in subprocess.run(["tc", "qdisc", "show", "dev", veth], capture_output=True, text=True).stdout
+    assert _banner(node1["address"], 5).startswith(b"SSH-")
+    assert launch(home, "ssh", "node1", "--", "true", timeout=120).returncode == 0
+    proc = launch(home, "local", "fault", "node1", "--clear")
+    assert proc.returncode == 0 and "(none was in force)" in proc.stdout
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("node1", "--cpu", "0"), "--cpu is the share of its vCPUs the node keeps, above 0 and below 1"),
+    (("node1", "--cpu", "1"), "above 0 and below 1 (0.3: 30%), got 1"),
+    (("node1", "--cpu", "2"), "got 2"),
+    (("node1", "--cpu", "nan"), "got nan"),
+    (("node1", "--net", "5mbps"), "--net takes a rate such as 5mbit"),
+    (("node1", "--net", "7999bit"), "--net must be between 8kbit and 100gbit"),
+    (("node1",), "exactly one of --cpu FRACTION, --net RATE, --freeze or --clear"),
+    (("node1", "--freeze", "--cpu", "0.5"), "got --cpu and --freeze"),
+    (("node7", "--freeze"), "no node 'node7' in this cluster; its nodes that train are node0, node1"),
+])  # fmt: skip
+def test_a_bad_fault_drill_is_one_line_and_changes_nothing(home, args, said):
+    from launcher.local import faults
+
+    proc = launch(home, "local", "fault", *args)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, said)
+    assert faults._cpu_cgroup(cluster_state(home)["rehearsal"]["netns"]["node1"]).exists() is False
+
+
 def test_a_killed_node_is_its_namespace_going_away_and_replace_boots_it_from_the_image(home):
     launch(home, "exec", "--", "touch /root/mine", check=True)
     state = cluster_state(home)
@@ -180,10 +262,16 @@ def test_down_removes_namespaces_bridge_and_processes(tmp_path):
     netns, bridge = state["rehearsal"]["netns"]["node0"], state["rehearsal"]["bridge"]
     pid = state["processes"]["node0"]
     assert netns in netns_list() and bridge in links()
+    # A drill in force is undone with the node: a frozen node still stops, and its CPU quota's cgroup goes.
+    from launcher.local import faults
+
+    for drill in (("--cpu", "0.5"), ("--freeze",)):
+        launch(home, "local", "fault", "node0", *drill, "--cluster", "gone", check=True)
     proc = launch(home, "local", "down", "--cluster", "gone")
     assert proc.returncode == 0 and "1 node(s) were running" in proc.stdout
     assert netns not in netns_list() and f" {bridge}:" not in links() and not Path(f"/proc/{pid}").exists()
     assert not (home / "clusters" / "gone").exists()
+    assert not faults._cpu_cgroup(netns).exists()
 
 
 def test_the_plan_names_the_stacks_mount_point():

@@ -128,3 +128,31 @@ def local_replace(nodes: list[str] = typer.Argument(None, metavar="[NODE]...",
     for r in replaced:
         console.print(f"{r.node} replaced: {c.node(r.node).address}:{r.port} (was port {r.old_port}), pid {r.pid}, "
                       f"host key {r.fingerprint} pinned, the old one removed")
+
+
+@app.command("fault")
+def local_fault(node: str = typer.Argument(..., help="The node, e.g. node1 (not the head node)."),
+                cpu: float = typer.Option(None, "--cpu", metavar="FRACTION",
+                                          help="Keep the node to this share of its vCPUs (0.3: 30%), as a slow "
+                                               "instance would run."),
+                net: str = typer.Option(None, "--net", metavar="RATE",
+                                        help="Shape the node's link to RATE each way (tc units: 5mbit, 500kbit)."),
+                freeze: bool = typer.Option(False, "--freeze", help="Freeze every process of the node, as a hung "
+                                                                    "instance: it answers nothing."),
+                clear: bool = typer.Option(False, "--clear", help="Undo every drill on the node."),
+                cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local cluster name.")):
+    """Fault drills on a rehearsal node, for rehearsing what the cluster does about a slow, badly linked or hung
+    node: one of --cpu, --net, --freeze or --clear. `launch local down` undoes them all."""
+    from launcher.local import faults
+    from launcher.plans import faultdrill
+
+    check_named("--cluster", cluster, "a name")
+    c = clusters.load(cluster)
+    if c.backend != "local":
+        raise usage_error(f"cluster '{c.name}' is an AWS cluster; fault drills are for local clusters")
+    try:
+        d = faultdrill.drill(node, cpu=cpu, net=net, freeze=freeze, clear=clear, workers=c.names(),
+                             head=c.head.name if c.head else None, rehearsal=c.rehearsal is not None)
+    except ValueError as e:
+        raise usage_error(str(e)) from None
+    console.print(f"{faults.apply(c, d)} (cluster '{c.name}')", markup=False, highlight=False)

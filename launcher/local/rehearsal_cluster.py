@@ -29,7 +29,7 @@ from launcher import render
 from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, load, save
 from launcher.errors import LaunchError
 from launcher.files import keygen, write_atomic
-from launcher.local import keeper
+from launcher.local import faults, keeper
 from launcher.local import rehearsal_account as account_
 from launcher.local import rehearsal_nodes as nodes_
 from launcher.local import rehearsal_root as rh
@@ -108,6 +108,7 @@ def remove(d: Path) -> int:
     def one(name: str, made: dict) -> bool:
         pid = _pid(d / "nodes" / name)
         was_running = pid is not None and nodes_.is_ours(pid, made["netns"])
+        faults.release(made["netns"], made["veth"])  # thawed first: a frozen node would not stop
         if was_running:
             nodes_.stop(pid)
         nodes_.remove_node_net(made["netns"], made["veth"])
@@ -403,6 +404,7 @@ def _replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, lis
     workers = sum(1 for n in cluster.nodes if n.role == "worker")
     for name in names:
         net = netw.node(name)
+        faults.release(net.netns, net.veth)
         nodes_.remove_node_net(net.netns, net.veth)
         nodes_.remove_cgroup(net.netns)
         with _RECORD_LOCK:
