@@ -83,7 +83,7 @@ def test_no_region_anywhere_is_one_line_naming_every_way_to_give_one(env, monkey
                                   ["exec", "--cluster", "nosuch", "--", "true"], ["jobs"], ["logs", "--cluster",
                                                                                            "nosuch", "1"],
                                   ["cancel", "--cluster", "nosuch", "1"], ["run", "--cluster", "nosuch", "--", "true"],
-                                  ["train"]])
+                                  ["train"], ["down"]])
 def test_an_unknown_cluster_gets_one_answer_from_every_command(argv, env, capsys):  # noqa: F811
     """status, ssh and doctor said three different things; now each says what this machine knows and what AWS
     said, in the same line (run and train too: they said 'no AWS region' and "stack 'nosuch': ...")."""
@@ -93,6 +93,26 @@ def test_an_unknown_cluster_gets_one_answer_from_every_command(argv, env, capsys
     err = capsys.readouterr().err
     assert err == ("error: unknown cluster 'nosuch'; known clusters: none; on AWS: no stack 'nosuch' in us-east-1 "
                    "(wrong region? pass --region); deploy one with `npx cdk deploy -c cluster_name=nosuch`\n")
+
+
+def test_down_of_a_name_nobody_knows_says_so_where_no_region_is_named(env, monkeypatch, capsys):  # noqa: F811
+    """It said "no cluster is up" (the line for no name at all) when the region was what AWS lacked."""
+    from launcher.cli import common
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    monkeypatch.setattr(common, "cdk_region", lambda: None)
+    (env / "home" / "clusters" / "mine").mkdir(parents=True)
+    (env / "home" / "clusters" / "mine" / "cluster.json").write_text("{}")
+    assert cli.main(["down", "--cluster", "nosuch"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown cluster 'nosuch'; known clusters: mine; on AWS: ") and \
+        err.count("\n") == 1, err
+
+
+def test_down_deletes_a_stack_that_is_there(env, capsys):  # noqa: F811
+    deploy("c2", workers=1)
+    assert cli.main(["down", "--cluster", "c2"]) == 0, capsys.readouterr().err
+    assert "stack 'c2' is deleted" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", ["ssh", "doctor", "exec", "jobs", "logs", "cancel", "run", "train"])

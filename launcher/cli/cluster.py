@@ -19,6 +19,7 @@ from launcher.cli.common import (
     check_aws_options,
     check_seconds,
     console,
+    require_stack,
     resolve,
     reword,
     target,
@@ -120,7 +121,11 @@ def down(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Prof
     c, stack = target(cluster)
     if stack is None:
         raise LaunchError(f"cluster '{c.name if c else cluster}' is local; bring it down with `launch local down`")
-    sess = aws_session(c, region, profile)
+    sess = aws_session(c, region, profile, cluster=cluster)  # a name nobody knows is said as every command says it
+    if c is None:
+        # CloudFormation's DeleteStack answers success for a name it has no stack of (the AWS CLI's delete-stack exits
+        # 0), so `down --cluster typo` would report a deletion of nothing: the stack must be there first.
+        require_stack(sess, stack, cluster)
     aws.teardown(sess, stack, say=lambda line: console.print(line, markup=False, highlight=False))
     if c is not None:
         import shutil

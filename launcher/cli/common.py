@@ -124,6 +124,21 @@ def resolve(cluster: str | None, region: str | None = None, profile: str | None 
     return found
 
 
+def require_stack(sess, stack: str, cluster: str | None) -> None:
+    """The stack ``stack`` is in the session's region (in any state: a failed one can still be deleted), else the one
+    line resolve gives for a cluster nobody knows: what this machine knows and what AWS said."""
+    from launcher.cluster.aws import api as aws
+
+    try:
+        with aws.aws_errors(f"stack '{stack}'"):
+            sess.client("cloudformation").describe_stacks(StackName=stack)
+    except LaunchError as e:
+        if "does not exist" in str(e):
+            e = LaunchError(f"no stack '{stack}' in {sess.region_name} (wrong region? pass --region); deploy one "
+                            f"with `npx cdk deploy -c cluster_name={stack}`")  # as aws.stack_outputs says it
+        raise _nowhere(cluster, e) from None
+
+
 def target(cluster: str | None) -> tuple[clusters.Cluster | None, str | None]:
     """(the saved cluster, or None; the AWS stack to use, or None for a local cluster).
 
