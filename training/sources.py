@@ -20,25 +20,28 @@ one seek and one read whatever the layout, and nothing is ever extracted.
 
 The class list is the sorted union of the WNIDs the layouts name: class folders, class tars, and every WNID in
 the labels file (all 1000 for the real files), so class indices do not depend on which files are present.
+
+Nothing under SRC is trusted (training.inputfiles): only regular files of at most MAX_INPUT_BYTES are inputs, and
+anything else is listed with its reason. A tar has no index, so the listing reads it to its end-of-archive marker:
+one cut short (a download that stopped) or with a damaged header is an error naming how much was read and what is
+missing, never a conversion of the half that is there.
 """
 
 from __future__ import annotations
 
-import csv
-import errno
 import io
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from training.inputfiles import follow, open_regular, read_regular, regular_or_absent, stat_problem, too_large
+from training.vallabels import DEVKIT, LOC_CSV, ValLabels, find_val_labels
 
 SPLITS = ("train", "val")
 TRAIN_TAR, VAL_TAR = "ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar"
 KAGGLE_ROOT = Path("ILSVRC", "Data", "CLS-LOC")
-LOC_CSV = "LOC_val_solution.csv"
-DEVKIT = "ILSVRC2012_devkit_t12"
-DEVKIT_GROUND_TRUTH = "data/ILSVRC2012_validation_ground_truth.txt"
-DEVKIT_META = "data/meta.mat"
 BLOCK = tarfile.BLOCKSIZE  # listing a tar reads one 512-byte header per member, not a default 8 KiB buffer
 
 
@@ -63,13 +66,6 @@ class Listing:
     inputs: dict[str, str]  # per split: the layout read, e.g. "ILSVRC2012_img_val.tar + LOC_val_solution.csv"
 
 
-@dataclass(frozen=True)
-class ValLabels:
-    name: str  # the labels file, relative to SRC
-    by_key: dict[str, str]  # image stem -> WNID
-    wnids: set[str]  # every WNID the file names
-
-
 def reading_folders(src: Path) -> list[Path]:
     """The folders under SRC whose every file the listing reads as an image: train/ and val/ (Kaggle's, if there)."""
     root = src / KAGGLE_ROOT if (src / KAGGLE_ROOT).is_dir() else src
@@ -88,6 +84,7 @@ def discover(src: Path) -> Listing:
 def discover_inputs(src: Path) -> Listing:
     root = src / KAGGLE_ROOT if (src / KAGGLE_ROOT).is_dir() else src
     wnids: set[str] = set()
+    train_cut: TarCut | None = None
     sources: dict[str, list[Source]] = {}
     inputs: dict[str, str] = {}
     labels: ValLabels | None = None
@@ -97,10 +94,14 @@ def discover_inputs(src: Path) -> Listing:
         found, named = list_class_folders(src, train_dir, "train")
         sources["train"], inputs["train"] = found, rel(train_dir, src) + "/"
         wnids |= named
-    elif (src / TRAIN_TAR).is_file():
-        found, named = list_train_tar(src, TRAIN_TAR)
-        sources["train"], inputs["train"] = found, TRAIN_TAR
-        wnids |= named
+    elif regular_or_absent(src / TRAIN_TAR, TRAIN_TAR):
+        try:
+            found, named = list_train_tar(src, TRAIN_TAR)
+        except TarCut as exc:  # said once the labels file (if any) has said which classes to expect
+            train_cut = exc
+        else:
+            sources["train"], inputs["train"] = found, TRAIN_TAR
+            wnids |= named
     elif train_dir.is_dir() and any(p.is_file() for p in train_dir.iterdir()):
         raise ValueError(f"{train_dir} holds files but no <wnid>/ class folders; sort them into train/<wnid>/ first")
 
@@ -111,10 +112,10 @@ def discover_inputs(src: Path) -> Listing:
         wnids |= named
     else:
         flat = val_dir.is_dir() and any(p.is_file() for p in val_dir.iterdir())
-        if flat or (src / VAL_TAR).is_file():
+        if flat or regular_or_absent(src / VAL_TAR, VAL_TAR):
             where = f"{rel(val_dir, src)}/" if flat else VAL_TAR
             if not flat:  # random bytes under the tar's name: say that, not that labels are missing
-                with open(src / VAL_TAR, "rb", buffering=BLOCK) as f, open_tar(f, VAL_TAR):
+                with open_regular(src / VAL_TAR, BLOCK) as f, open_tar(f, VAL_TAR):
                     pass
             labels = find_val_labels(src)
             if labels is None:
@@ -126,6 +127,8 @@ def discover_inputs(src: Path) -> Listing:
             sources["val"], inputs["val"] = found, f"{where} + {labels.name}"
             wnids |= labels.wnids
 
+    if train_cut is not None:
+        raise ValueError(train_cut.describe(labels)) from None
     if not sources:
         raise ValueError(
             f"no ImageNet under SRC {src}: expected train/<wnid>/ or val/ folders, {TRAIN_TAR} or {VAL_TAR}"
@@ -150,15 +153,7 @@ def scan(folder: Path | str) -> list[os.DirEntry]:
 def link_problem(path: Path | str) -> str | None:
     """Why a path the listing found cannot be opened as what it names (a symbolic link whose target is gone, or a
     loop of them), or None when it can."""
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "symbolic link loop"
-        if exc.errno == errno.ENOENT and os.path.islink(path):
-            return f"broken symbolic link: {os.readlink(path)} does not exist"
-        return f"unreadable: {exc.strerror or exc}"
-    return None
+    return follow(path)[1]
 
 
 def list_class_folders(src: Path, split_dir: Path, split: str) -> tuple[list[Source], set[str]]:
@@ -180,8 +175,8 @@ def list_class_folders(src: Path, split_dir: Path, split: str) -> tuple[list[Sou
             elif f.is_dir():
                 for p in sorted(q for q in Path(f.path).rglob("*") if not q.is_dir()):
                     found.append(file_source(src, p, split, entry.name, "in a subfolder of its class folder"))
-            else:
-                found.append(Source(split, rel(Path(f.path), src), entry.name, Path(f.name).stem, f.stat().st_size))
+            else:  # a regular file of at most MAX_INPUT_BYTES, after links; anything else is listed with why not
+                found.append(file_source(src, Path(f.path), split, entry.name, None))
         if len(found) == before:  # the class keeps its index; say that it has nothing in this split
             found.append(Source(split, rel(Path(entry.path), src) + "/", entry.name, entry.name, 0,
                                 f"empty class folder: no {split} images of {entry.name}"))
@@ -204,9 +199,10 @@ def list_flat_folder(src: Path, split_dir: Path, labels: ValLabels) -> list[Sour
 
 
 def file_source(src: Path, path: Path, split: str, wnid: str, problem: str | None) -> Source:
+    """A file as an input: rejected for `problem`, or for what it is (not a regular file, over the size limit)."""
+    size, not_input = stat_problem(path)
     broken = link_problem(path) if path.is_symlink() else None
-    size = 0 if broken is not None else path.stat().st_size
-    return Source(split, rel(path, src), wnid, path.stem, size, broken or problem)
+    return Source(split, rel(path, src), wnid, path.stem, size, broken or problem or not_input)
 
 
 def member_stem(name: str) -> str:
@@ -214,31 +210,38 @@ def member_stem(name: str) -> str:
 
 
 def list_train_tar(src: Path, name: str) -> tuple[list[Source], set[str]]:
-    """The official train tar: one uncompressed <wnid>.tar per class, each holding that class's JPEGs."""
+    """The official train tar: one uncompressed <wnid>.tar per class, each holding that class's JPEGs. TarCut if it
+    ends before its end-of-archive marker."""
     found: list[Source] = []
     wnids: set[str] = set()
-    with open(src / name, "rb", buffering=BLOCK) as f, open_tar(f, name) as outer:
-        for member in outer:
-            path = f"{name}/{member.name}"
-            if member.isdir():
-                continue
-            if not member.isfile() or not member.name.endswith(".tar") or "/" in member.name:
-                found.append(Source("train", path, "", member_stem(member.name), member.size,
-                                    "not a class tar (<wnid>.tar) at the top of the train tar"))
-                continue
-            wnid = member.name[: -len(".tar")]
-            wnids.add(wnid)
-            found.extend(list_class_tar(f, member, path, wnid, name))
+    with open_regular(src / name, BLOCK) as f, open_tar(f, name) as outer:
+        try:
+            for member in whole_members(outer, f, os.fstat(f.fileno()).st_size, name):
+                path = f"{name}/{member.name}"
+                if member.isdir():
+                    continue
+                if not member.isfile() or not member.name.endswith(".tar") or "/" in member.name:
+                    found.append(Source("train", path, "", member_stem(member.name), member.size,
+                                        "not a class tar (<wnid>.tar) at the top of the train tar"))
+                    continue
+                wnid = member.name[: -len(".tar")]
+                wnids.add(wnid)
+                found.extend(list_class_tar(f, member, path, wnid, name))
+        except TarCut as exc:
+            exc.read = wnids - {member_stem(exc.inside or "")}
+            raise
     return found, wnids
 
 
 def list_class_tar(f, member: tarfile.TarInfo, path: str, wnid: str, container: str) -> list[Source]:
-    """The members of one class tar inside the train tar, located in the outer file."""
+    """The members of one class tar inside the train tar, located in the outer file. One that is damaged or cut
+    short inside a whole train tar is rejected with its reason, and the members listed before it stay inputs."""
     found: list[Source] = []
     end = member.offset_data + member.size
+    window = Window(f, member.offset_data, member.size)
     try:
-        with tarfile.open(fileobj=Window(f, member.offset_data, member.size), mode="r:") as inner:
-            for m in inner:
+        with tarfile.open(fileobj=window, mode="r:") as inner:
+            for m in whole_members(inner, window, member.size, path):
                 if m.isdir():
                     continue
                 inner_path = f"{path}/{m.name}"
@@ -249,10 +252,12 @@ def list_class_tar(f, member: tarfile.TarInfo, path: str, wnid: str, container: 
                     problem = "in a subfolder of its class tar"
                 elif member.offset_data + m.offset_data + m.size > end:
                     problem = "truncated: extends past the end of its class tar"
+                else:
+                    problem = too_large(m.size)
                 found.append(Source("train", inner_path, wnid, member_stem(m.name), m.size, problem, container,
                                     member.offset_data + m.offset_data))
-    except (tarfile.TarError, EOFError) as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+    except (tarfile.TarError, EOFError, TarCut) as exc:
+        reason = " ".join(str(exc).removeprefix(f"{path} ").split()) or type(exc).__name__
         found.append(Source("train", path, wnid, wnid, member.size,
                             f"unreadable class tar after {len(found)} member(s): {reason}"))
     if not found:  # as an empty class folder: the class keeps its index, and the listing says it has no images
@@ -262,20 +267,29 @@ def list_class_tar(f, member: tarfile.TarInfo, path: str, wnid: str, container: 
 
 def list_val_tar(src: Path, name: str, labels: ValLabels) -> list[Source]:
     found = []
-    with open(src / name, "rb", buffering=BLOCK) as f, open_tar(f, name) as tar:
-        for m in tar:
-            if m.isdir():
-                continue
-            wnid = labels.by_key.get(member_stem(m.name), "") if "/" not in m.name else ""
-            problem = None
-            if not m.isfile():
-                problem = "not a regular file"
-            elif "/" in m.name:
-                problem = "in a subfolder of the validation tar"
-            elif not wnid:
-                problem = f"no label in {labels.name}"
-            found.append(Source("val", f"{name}/{m.name}", wnid, member_stem(m.name), m.size, problem, name,
-                                m.offset_data))
+    with open_regular(src / name, BLOCK) as f, open_tar(f, name) as tar:
+        try:
+            for m in whole_members(tar, f, os.fstat(f.fileno()).st_size, name):
+                if m.isdir():
+                    continue
+                wnid = labels.by_key.get(member_stem(m.name), "") if "/" not in m.name else ""
+                problem = None
+                if not m.isfile():
+                    problem = "not a regular file"
+                elif "/" in m.name:
+                    problem = "in a subfolder of the validation tar"
+                elif not wnid:
+                    problem = f"no label in {labels.name}"
+                else:
+                    problem = too_large(m.size)
+                found.append(Source("val", f"{name}/{m.name}", wnid, member_stem(m.name), m.size, problem, name,
+                                    m.offset_data))
+        except TarCut as exc:
+            read = {s.key for s in found if s.path != f"{name}/{exc.inside}"}
+            missing = sorted(set(labels.by_key) - read)
+            raise ValueError(f"{exc}; {len(read):,} images read whole, {len(missing):,} of the "
+                             f"{len(labels.by_key):,} {labels.name} labels missing{examples(missing)}; "
+                             f"download it again") from None
     return found
 
 
@@ -284,6 +298,63 @@ def open_tar(f, name: str) -> tarfile.TarFile:
         return tarfile.open(fileobj=f, mode="r:")
     except tarfile.TarError as exc:
         raise ValueError(f"{name} is not an uncompressed tar: {' '.join(str(exc).split())}") from None
+
+
+class TarCut(ValueError):
+    """A tar that ends, or turns into something else, before its end-of-archive marker."""
+
+    def __init__(self, message: str, inside: str | None):
+        super().__init__(message)
+        self.inside = inside  # the member whose data the file ends in, if it does
+        self.read: set[str] = set()  # train tar: the classes whose tars were read whole
+
+    def describe(self, labels: ValLabels | None) -> str:
+        """The train tar's error: what was read, and what is missing (the labels file names every class)."""
+        done = f"{len(self.read):,} class tars read whole" + (f" (up to {max(self.read)})" if self.read else "")
+        if labels is not None:
+            missing = sorted(labels.wnids - self.read)
+            lost = (f"{len(missing):,} of the {len(labels.wnids):,} classes {labels.name} names missing"
+                    f"{examples(missing)}")
+        else:
+            lost = "the classes after them missing (the official tar holds 1,000)"
+        return f"{self}; {done}, {lost}; download it again"
+
+
+def examples(names: list[str], shown: int = 3) -> str:
+    return f" ({', '.join(names[:shown])}{', ...' if len(names) > shown else ''})" if names else ""
+
+
+def whole_members(tar: tarfile.TarFile, f, size: int, name: str) -> Iterator[tarfile.TarInfo]:
+    """`tar`'s members, then TarCut unless the tar ended at its end-of-archive marker (a block of zeros).
+
+    tarfile stops without a word at a header cut short or one that is not a header, anywhere but at the start
+    (Lib/tarfile.py, TarFile.next: TruncatedHeaderError and InvalidHeaderError are raised only at offset 0), and
+    raises ReadError only while skipping a member whose data the file ends in. POSIX ustar ends an archive with
+    "two consecutive 512-byte blocks of binary zeros" (pax, ustar Interchange Format:
+    https://pubs.opengroup.org/onlinepubs/9699919799/utilities/pax.html); one is required here, as tarfile itself
+    stops at the first.
+    """
+    while True:
+        try:
+            member = tar.next()
+        except (tarfile.TarError, EOFError):
+            last = tar.members[-1] if tar.members else None
+            if last is not None and last.offset_data + last.size > size:
+                raise TarCut(f"{name} is cut short: its {size:,} bytes end inside {last.name}, which needs "
+                             f"{last.offset_data + last.size:,}", last.name) from None
+            raise TarCut(f"{name} is damaged after {last.name if last else 'its start'}", None) from None
+        if member is None:
+            break
+        yield member
+    f.seek(tar.offset)
+    block = f.read(BLOCK)
+    after = f"after {tar.members[-1].name}" if tar.members else "at its start"
+    if len(block) < BLOCK:
+        raise TarCut(f"{name} is cut short: its {size:,} bytes end inside the header {after} (byte {tar.offset:,})",
+                     None)
+    if block != bytes(BLOCK):
+        raise TarCut(f"{name} is damaged: the block at byte {tar.offset:,}, {after}, is neither a tar header nor "
+                     f"the end-of-archive marker", None)
 
 
 class Window(io.RawIOBase):
@@ -316,12 +387,13 @@ class Window(io.RawIOBase):
 
 
 def read_input(src: Path, source: Source, handles: dict) -> bytes:
-    """The input's bytes; OSError if it cannot be read whole. `handles` caches open tar files across calls."""
+    """The input's bytes, never more than the listing saw (at most MAX_INPUT_BYTES); OSError if it cannot be read
+    whole or is no longer a regular file of that size. `handles` caches open tar files across calls."""
     if source.container is None:
-        return (src / source.path).read_bytes()
+        return read_regular(src / source.path, source.size)
     f = handles.get(source.container)
     if f is None:
-        f = handles[source.container] = open(src / source.container, "rb")  # noqa: SIM115 - the caller closes it
+        f = handles[source.container] = open_regular(src / source.container)  # the caller closes it
     f.seek(source.offset)
     data = f.read(source.size)
     if len(data) != source.size:
@@ -345,84 +417,3 @@ def mark_bad_keys(sources: list[Source]) -> list[Source]:
             first_with_key[s.key] = s.path
         marked.append(s)
     return marked
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Labels files for flat validation images.
-
-
-def find_val_labels(src: Path) -> ValLabels | None:
-    if (src / LOC_CSV).is_file():
-        return read_loc_csv(src / LOC_CSV, LOC_CSV)
-    for name in (f"{DEVKIT}.tar.gz", DEVKIT):
-        if (src / name).exists():
-            return read_devkit(src / name, name)
-    return None
-
-
-def read_loc_csv(path: Path, name: str) -> ValLabels:
-    """Kaggle's LOC_val_solution.csv: `ImageId,PredictionString`, the string being `WNID x y x y [WNID ...]`."""
-    by_key: dict[str, str] = {}
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
-            raise ValueError(f"{name} has no ImageId,PredictionString header")
-        for line, row in enumerate(reader, start=2):
-            tokens = (row["PredictionString"] or "").split()
-            if not row["ImageId"] or not tokens:
-                raise ValueError(f"{name} line {line}: expected an image id and a WNID")
-            by_key[row["ImageId"]] = tokens[0]
-    return ValLabels(name, by_key, set(by_key.values()))
-
-
-def read_devkit(path: Path, name: str) -> ValLabels:
-    """The devkit (its .tar.gz or the extracted folder): ground-truth ILSVRC2012_IDs mapped by meta.mat."""
-    if path.is_dir():
-        try:
-            truth = (path / DEVKIT_GROUND_TRUTH).read_text()
-            meta = (path / DEVKIT_META).read_bytes()
-        except OSError as exc:
-            raise ValueError(f"{name}: cannot read {exc.filename}: {exc.strerror}") from None
-    else:
-        truth_bytes, meta = devkit_members(path, name)
-        truth = truth_bytes.decode("ascii", errors="replace")
-    by_id = leaf_synsets(meta, name)
-    by_key: dict[str, str] = {}
-    for line, text in enumerate(truth.split(), start=1):
-        if not text.isdigit() or int(text) not in by_id:
-            raise ValueError(f"{name}: line {line} of {DEVKIT_GROUND_TRUTH} is not a class id in meta.mat: {text!r}")
-        by_key[f"ILSVRC2012_val_{line:08d}"] = by_id[int(text)]
-    return ValLabels(f"{name} ({DEVKIT_GROUND_TRUTH.split('/')[-1]})", by_key, set(by_id.values()))
-
-
-def devkit_members(path: Path, name: str) -> tuple[bytes, bytes]:
-    wanted = {DEVKIT_GROUND_TRUTH: b"", DEVKIT_META: b""}
-    try:
-        with tarfile.open(path, "r:*") as tar:
-            for m in tar:
-                for suffix in wanted:
-                    if m.isfile() and m.name.endswith("/" + suffix):
-                        wanted[suffix] = tar.extractfile(m).read()
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ValueError(f"{name} is not a readable devkit archive: {' '.join(str(exc).split())}") from None
-    missing = [suffix for suffix, data in wanted.items() if not data]
-    if missing:
-        raise ValueError(f"{name} lacks {', '.join(missing)}")
-    return wanted[DEVKIT_GROUND_TRUTH], wanted[DEVKIT_META]
-
-
-def leaf_synsets(meta: bytes, name: str) -> dict[int, str]:
-    """ILSVRC2012_ID -> WNID for the 1000 leaf synsets (num_children == 0) of the devkit's meta.mat."""
-    try:
-        from scipy.io import loadmat  # only the devkit needs it
-    except ImportError:
-        raise ValueError(f"{name}: reading {DEVKIT_META} needs scipy (pip install scipy), or use {LOC_CSV}") from None
-    try:
-        synsets = loadmat(io.BytesIO(meta), squeeze_me=True)["synsets"]
-        leaves = {int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in synsets.ravel() if int(s["num_children"]) == 0}
-    except Exception as exc:  # scipy raises many types for a file that is not the devkit's meta.mat
-        raise ValueError(f"{name}: {DEVKIT_META} is not the devkit's synset table: {' '.join(str(exc).split())}") \
-            from None
-    if not leaves:
-        raise ValueError(f"{name}: {DEVKIT_META} lists no leaf synsets")
-    return leaves
