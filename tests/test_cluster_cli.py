@@ -300,3 +300,48 @@ def test_local_replace_help_says_which_nodes_get_a_new_port(capsys):
     assert cli.main(["local", "replace", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "(new port, new host key)" not in out and "a --loopback node gets a new port" in out
+
+
+@pytest.mark.parametrize(("words", "given", "command"), [
+    (["--cluster", "X", "hostname", "-f"], {"--cluster": "X"}, ["hostname", "-f"]),
+    (["--cluster=X", "--region", "eu-west-1", "--", "-v"], {"--cluster": "X", "--region": "eu-west-1"}, ["-v"]),
+    (["ls", "--cluster", "X"], {}, ["ls", "--cluster", "X"]),  # after the command, the command's own words
+    (["--", "--cluster"], {}, ["--cluster"]),
+    ([], {}, []),
+])
+def test_options_after_the_node_are_the_launchers_until_the_command(words, given, command):
+    assert cluster_cli.options_after_node(words) == (given, command)
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["ssh", "node0", "-L", "8080:localhost:80"], "error: -L after NODE is not an option of launch ssh (it takes "
+                                                  "--cluster, --region, --profile); a command that starts with - "
+                                                  "goes after --: launch ssh NODE -- -L ..."),
+    (["ssh", "node0", "--cluster"], "error: --cluster needs a value"),
+    (["ssh", "--cluster", "a", "node0", "--cluster", "b"], "error: --cluster is given twice ('a' before NODE, 'b' "
+                                                           "after); give it once"),
+    (["ssh", "node0", "--region", ""], "error: --region needs a region name such as us-east-1, got ''"),
+])
+def test_ssh_refuses_what_it_cannot_tell_in_one_line(argv, said, monkeypatch, capsys):
+    monkeypatch.setattr(cluster_cli, "resolve", lambda *a, **kw: pytest.fail("reached the cluster"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1, err
+
+
+def test_ssh_understands_its_options_after_the_node(monkeypatch, capsys):
+    """`launch ssh node0 --cluster X hostname` handed `--cluster X hostname` to ssh, which printed its usage."""
+    from launcher.errors import LaunchError
+
+    asked = []
+
+    def resolve(cluster, region, profile, **kw):
+        asked.append((cluster, region, profile))
+        raise LaunchError("stop here")
+
+    monkeypatch.setattr(cluster_cli, "resolve", resolve)
+    assert cli.main(["ssh", "node0", "--cluster", "X", "--profile=p", "hostname"]) == 1
+    assert asked == [("X", None, "p")]
+    assert cli.main(["ssh", "node0", "--help"]) == 0 and "--cluster" in capsys.readouterr().out
+    assert cluster_cli.ssh_argv("cfg", "node0", ["-v"]) == ["ssh", "-F", "cfg", "--", "node0", "-v"]
+    assert cluster_cli.ssh_argv("cfg", "node0", []) == ["ssh", "-F", "cfg", "-t", "--", "node0"]

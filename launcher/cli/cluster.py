@@ -270,20 +270,61 @@ def discover_cmd(cluster: str = typer.Option(None, "--cluster", help="Stack name
 
 
 @app.command("ssh", context_settings={"allow_interspersed_args": False})
-def ssh_cmd(node: str = typer.Argument(..., help="Node name (node0, reducer0, ..., head)."),
-            command: list[str] = typer.Argument(None, help="Command to run instead of a login shell."),
+def ssh_cmd(ctx: typer.Context, node: str = typer.Argument(..., help="Node name (node0, reducer0, ..., head)."),
+            command: list[str] = typer.Argument(None, help="Command to run instead of a login shell; one that "
+                                                             "starts with - goes after --."),
             cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Open an SSH session on one node (through SSM Session Manager on AWS), host keys pinned."""
+    given, command = options_after_node(command or [])
+    if "--help" in given:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    for option, before in (("--cluster", cluster), ("--region", region), ("--profile", profile)):
+        if option in given and before is not None and given[option] != before:
+            raise usage_error(f"{option} is given twice ({before!r} before NODE, {given[option]!r} after); give it "
+                              f"once")
+    cluster, region, profile = (given.get(o, v) for o, v in (("--cluster", cluster), ("--region", region),
+                                                             ("--profile", profile)))
     check_aws_options(region, profile)
     c = resolve(cluster, region, profile, reach=True)
     c.machine(node)
     from launcher.execute import remote
 
     remote.require_ssm_plugin(c)
-    argv = ssh_argv(c.ssh_config, node, command or [])
+    argv = ssh_argv(c.ssh_config, node, command)
     os.execvp(argv[0], argv)
 
 
+SSH_OPTIONS = ("--cluster", "--region", "--profile")
+
+
+def options_after_node(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """`launch ssh NODE [OPTIONS] [--] [COMMAND]`: (the launcher's options given after NODE, the command). Options of
+    launch ssh there are understood (they went to ssh, which printed its usage); any other word starting with - before
+    the command is refused in one line, since it is neither ours nor surely the command's (``--`` says it is)."""
+    given: dict[str, str] = {}
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        word = words[i]
+        if word == "--":
+            return given, words[i + 1:]
+        if word in ("--help", "-h"):
+            given["--help"], i = "", i + 1
+            continue
+        name, eq, value = word.partition("=")
+        if name not in SSH_OPTIONS:
+            raise usage_error(f"{word} after NODE is not an option of launch ssh (it takes {', '.join(SSH_OPTIONS)}); "
+                              f"a command that starts with - goes after --: launch ssh NODE -- {word} ...")
+        if not eq:
+            if i + 1 >= len(words):
+                raise usage_error(f"{name} needs a value")
+            value, i = words[i + 1], i + 1
+        given[name], i = value, i + 1
+    return given, words[i:]
+
+
 def ssh_argv(ssh_config: str, node: str, command: list[str]) -> list[str]:
-    """The ssh command line `launch ssh` runs (pure; the cluster's ssh_config pins the keys and the proxy)."""
-    return ["ssh", "-F", ssh_config, *(["-t"] if not command else []), node, *command]
+    """The ssh command line `launch ssh` runs (pure; the cluster's ssh_config pins the keys and the proxy). ``--``
+    before the node: OpenSSH reads options after the destination too (ssh(1)), so a command word such as -v would
+    be taken as ssh's."""
+    return ["ssh", "-F", ssh_config, *(["-t"] if not command else []), "--", node, *command]
