@@ -297,8 +297,9 @@ def test_manifest_describes_the_shards_on_disk(sample, shards):
     assert manifest["rejected"] == []
     assert manifest["options"] == {
         "shard_size": SHARD_SIZE, "seed": SHUFFLE_SEED, "resize": None, "quality": 95, "source": str(sample[0]),
-        "layout": {"train": "train/", "val": "val/"},
+        "layout": {"train": "train/", "val": "val/"}, "max_input_bytes": 256 << 20,
     }  # fmt: skip
+    assert manifest["classes_without_train_images"] == []
     assert len(manifest["plan_sha256"]) == 64
     assert (manifest["format"], manifest["version"]) == ("webdataset", 1)
 

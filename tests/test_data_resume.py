@@ -19,7 +19,7 @@ import pytest
 from clusterutil import ROOT, launch
 from PIL import Image
 
-from training.convert import convert
+from training.convert import ArgumentError, convert
 from training.sample import make_sample
 from training.shards import JOURNAL
 
@@ -79,10 +79,11 @@ def kill_at(source: Path, out: Path, point: str, n: int) -> None:
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
-# 19 inputs in 5 shards: renames are record 0, shard 0, ..., record 4, shard 4, manifest (11 in all).
+# 19 inputs in 5 shards: renames are the journal's conversion.json (which conversion OUT is being written for), record
+# 0, shard 0, ..., record 4, shard 4, manifest (12 in all).
 INPUTS_PER_SHARD = [5, 5, 3, 5, 1]  # train: 12 images and an empty file; val: 6 images
-KILL_POINTS = ([("sample", n) for n in (1, 5, 6, 13, 19)] + [("before-rename", n) for n in range(1, 12)]
-               + [("after-rename", n) for n in range(1, 12)])
+KILL_POINTS = ([("sample", n) for n in (1, 5, 6, 13, 19)] + [("before-rename", n) for n in range(1, 13)]
+               + [("after-rename", n) for n in range(1, 13)])
 
 
 @pytest.mark.parametrize(("point", "n"), KILL_POINTS)
@@ -104,8 +105,8 @@ def test_kill_9_at_any_point_then_resume_gives_the_uninterrupted_output(source, 
     assert files_under(out) == expected  # same bytes, no partial file or journal left behind
     if point == "sample":  # killed while converting input n: the shards before it are finished
         finished_shards = sum(1 for end in np.cumsum(INPUTS_PER_SHARD) if end < n)
-    else:  # renames: record 0, shard 0, record 1, ...
-        finished_shards = min((n - 1 if point == "before-rename" else n) // 2, 5)
+    else:  # renames: conversion.json, record 0, shard 0, record 1, ...
+        finished_shards = min(max(n - 2 if point == "before-rename" else n - 1, 0) // 2, 5)
     assert kept == [finished_shards]  # the finished shards were verified and kept, not written again
 
 
@@ -132,9 +133,15 @@ def test_a_damaged_shard_or_other_options_are_converted_again(source, reference,
     assert calls == [(SHARD_SIZE, 4)]  # only the damaged shard, 5 inputs, written again
     assert files_under(out) == files_under(ref_out)
 
-    # Other options: nothing kept, and shards the new plan does not have are removed.
+    # Other options are another conversion: refused, nothing touched (issue 33) ...
+    before = files_under(out)
+    with pytest.raises(ArgumentError, match="its --shard-size is 5, this run's 8; its --quality is 95, this run's 90"):
+        convert(source, out, shard_size=8, seed=SEED, quality=90)
+    assert files_under(out) == before
+    # ... unless replaced: nothing kept, and shards the new plan does not have are removed.
     calls.clear()
-    bigger = convert(source, out, shard_size=8, seed=SEED, quality=90, on_start=lambda *a: calls.append(a))
+    bigger = convert(source, out, shard_size=8, seed=SEED, quality=90, replace=True,
+                     on_start=lambda *a: calls.append(a))
     assert calls == [(19, 0)]
     assert sorted(p.name for p in out.glob("*.tar")) == sorted(e["name"] for e in bigger["shards"])
     assert not (out / JOURNAL).exists()

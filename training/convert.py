@@ -23,6 +23,10 @@ removed once the manifest is written; a finished manifest with the same plan ser
 The plan knows inputs by path and size: an input rewritten in place at the same size goes unnoticed, so after
 editing a data set, convert into a fresh OUT.
 
+OUT is one conversion's: a run resumes only what OUT's manifests (or the journal's `conversion.json`, written before
+the first shard) say is a conversion of the same SRC with the same options, and refuses any other, including shards
+that no manifest names, in one line, touching nothing; `replace` deletes the other conversion instead (issue 33).
+
 Parallel: `workers` processes write whole shards. Several nodes share the work: every node computes the same
 plan, and node i of N writes the shards whose index (counting train shards, then val shards) is i modulo N,
 plus `manifest.node-<i>-of-<N>.json`; `merge_manifests` then writes `manifest.json`. A single node writes
@@ -36,14 +40,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import stat
+import os
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from training import inputfiles
+from training.inputfiles import file_kind, follow
+from training.outdir import ArgumentError, claim, release
 from training.shards import (
     DEFAULT_QUALITY,
-    JOURNAL,
     MANIFEST,
     ConvertError,
     Encoding,
@@ -73,7 +79,7 @@ from training.shardwriter import (
 from training.sources import TRAIN_TAR, VAL_TAR, discover, reading_folders
 
 # What other code imports from here: the run, the merge, and (training.loader) the manifest reader.
-__all__ = ["ConvertError", "convert", "load_manifest", "merge_manifests"]
+__all__ = ["ArgumentError", "ConvertError", "convert", "load_manifest", "merge_manifests"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -91,6 +97,7 @@ def convert(
     workers: int = 1,
     node_index: int = 0,
     node_count: int = 1,
+    replace: bool = False,
     on_start: Callable[[int, int], None] | None = None,
     on_sample: Callable[[], None] | None = None,
 ) -> dict:
@@ -98,7 +105,7 @@ def convert(
 
     `on_start(inputs, kept)` is called once the plan is made and finished shards are verified: the inputs
     left to convert and the shards kept from an earlier run. `on_sample` is then called once per input this
-    run converts, written or rejected.
+    run converts, written or rejected. OUT holding another conversion is an ArgumentError unless `replace`.
     """
     check_options(shard_size, resize, quality, workers, node_index, node_count, seed)
     src, out = Path(src), Path(out)
@@ -113,10 +120,9 @@ def convert(
     digest = plan_digest(shards)
     mine = [shards[i] for i in shards_for_node(len(shards), node_index, node_count)]
     manifest_name = MANIFEST if node_count == 1 else node_manifest_name(node_index, node_count)
-    try:
-        (out / JOURNAL).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConvertError(f"cannot create {out / JOURNAL}: {exc.strerror or exc}") from None
+    options = {"shard_size": shard_size, "seed": seed, "resize": resize, "quality": quality,
+               "source": os.path.abspath(src), "layout": listing.inputs, "max_input_bytes": inputfiles.MAX_INPUT_BYTES}
+    claim(out, options, replace)
     remove_stale(out, shards, mine, manifest_name, first_node=node_index == 0)
     records = load_records(out, mine, digest, [manifest_name, MANIFEST])
 
@@ -124,12 +130,14 @@ def convert(
         done = convert_shards(src, out, mine, records, labels, encoding, workers, on_start, on_sample)
     except BrokenProcessPool:
         raise ConvertError("a worker process died (out of memory?); run the same command again to resume") from None
-    options = {"shard_size": shard_size, "seed": seed, "resize": resize, "quality": quality,
-               "source": str(src), "layout": listing.inputs}
     manifest = build_manifest(listing.classes, list(listing.sources), [done[s.name]["entry"] for s in mine],
                               [r for s in mine for r in done[s.name]["rejected"]], options, digest)
+    trained = train_classes(mine, done)
     if node_count > 1:
-        manifest["node"] = {"index": node_index, "count": node_count, "planned": [s.name for s in shards]}
+        manifest["node"] = {"index": node_index, "count": node_count, "planned": [s.name for s in shards],
+                            "train_classes": sorted(trained)}
+    else:
+        manifest["classes_without_train_images"] = without_train_images(manifest, trained)
     try:
         write_json_atomic(out / manifest_name, manifest)
     except OSError as exc:
@@ -137,39 +145,48 @@ def convert(
     for shard in mine:
         journal_path(out, shard.name).unlink(missing_ok=True)
     if node_count == 1:  # with several nodes another may still write into it: the merge removes it
-        with contextlib.suppress(OSError):
-            (out / JOURNAL).rmdir()
+        release(out)
     return manifest
 
 
-def _kind(path: Path) -> str:
-    """'a character device', 'a FIFO', ...: what a path that is neither a file nor a directory is."""
-    mode = path.stat().st_mode
-    for test, kind in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return "an unusual file"
+def train_classes(mine: list[ShardPlan], done: dict[str, dict]) -> set[str]:
+    """The classes with at least one training sample in these shards: planned inputs less the rejected ones."""
+    trained: set[str] = set()
+    for shard in mine:
+        if shard.split == "train":
+            rejected = {r["path"] for r in done[shard.name]["rejected"]}
+            trained |= {s.wnid for s in shard.sources if s.path not in rejected}
+    return trained
+
+
+def without_train_images(manifest: dict, trained: set[str]) -> list[str]:
+    """Classes of the class list with no training sample (a class named only by the validation labels, or one
+    whose every image was rejected): said in the manifest and by the CLI, never silent. None without a train split."""
+    return sorted(set(manifest["classes"]) - trained) if "train" in manifest["splits"] else []
 
 
 def check_paths(src: Path, out: Path) -> None:
-    """ConvertError (one line) when SRC is not a directory, OUT is a file, or OUT lies where the listing reads
-    images (SRC's train/ or val/: the next run would take the shards folder for a class and its tars for images)."""
+    """ArgumentError (one line) when SRC is not a directory, OUT is a file, either is a broken or looping symbolic
+    link, or OUT lies where the listing reads images (SRC's train/ or val/: the next run would take the shards
+    folder for a class and its tars for images)."""
+    for name, path in (("SRC", src), ("--out", out)):
+        if path.is_symlink() and (problem := follow(path)[1]) is not None:  # exists() says False for both
+            raise ArgumentError(f"{name} {path}: {problem}")
     if src.is_file():
         hint = f"; pass the directory that holds it: {src.parent}" if src.name in (TRAIN_TAR, VAL_TAR) else ""
-        raise ConvertError(f"SRC {src} is a file; SRC is the directory that holds train/ and val/ or {TRAIN_TAR} and "
+        raise ArgumentError(f"SRC {src} is a file; SRC is the directory that holds train/ and val/ or {TRAIN_TAR} and "
                            f"{VAL_TAR}{hint}")
     if not src.exists():
-        raise ConvertError(f"SRC {src} does not exist")
+        raise ArgumentError(f"SRC {src} does not exist")
     if not src.is_dir():  # a device (/dev/null), a FIFO or a socket: it exists, so say what it is
-        raise ConvertError(f"SRC {src} is not a directory ({_kind(src)}); SRC is the directory that holds train/ and "
-                           f"val/ or {TRAIN_TAR} and {VAL_TAR}")
+        raise ArgumentError(f"SRC {src} is not a directory ({file_kind(src.stat().st_mode)}); SRC is the directory "
+                            f"that holds train/ and val/ or {TRAIN_TAR} and {VAL_TAR}")
     if out.exists() and not out.is_dir():
-        raise ConvertError(f"--out {out} is a file, not a directory")
-    where = out.resolve()
+        raise ArgumentError(f"--out {out} is a file, not a directory")
+    where = Path(os.path.realpath(out))  # Path.resolve raises RuntimeError on a loop of links in a parent
     for read in reading_folders(src):
-        if where == read.resolve() or read.resolve() in where.parents:
-            raise ConvertError(f"--out {out} is inside {read}, where the images are read from; write the shards "
+        if where == Path(os.path.realpath(read)) or Path(os.path.realpath(read)) in where.parents:
+            raise ArgumentError(f"--out {out} is inside {read}, where the images are read from; write the shards "
                                f"outside SRC's train/ and val/ (e.g. beside them)")
 
 
@@ -237,6 +254,7 @@ def merge_manifests(out: Path, node_count: int) -> dict:
     missing = sorted(set(first["node"]["planned"]) - {s["name"] for s in shards})
     if missing:
         raise ConvertError(f"shards missing from the node manifests under {out}: {', '.join(missing)}")
+    claim(out, first["options"], replace=False, manifests_only=True)  # a manifest.json of another conversion stays
     manifest = build_manifest(
         first["classes"],
         list(first["splits"]),
@@ -245,7 +263,9 @@ def merge_manifests(out: Path, node_count: int) -> dict:
         first["options"],
         first["plan_sha256"],
     )
+    if all("train_classes" in part["node"] for part in parts):  # node manifests from before issue 33 lack them
+        trained = {wnid for part in parts for wnid in part["node"]["train_classes"]}
+        manifest["classes_without_train_images"] = without_train_images(manifest, trained)
     write_json_atomic(out / MANIFEST, manifest)
-    with contextlib.suppress(OSError):  # every node has finished; only an empty journal goes
-        (out / JOURNAL).rmdir()
+    release(out)  # every node has finished; only an empty journal goes
     return manifest

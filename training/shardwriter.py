@@ -202,7 +202,7 @@ def remove_stale(out: Path, shards: list[ShardPlan], mine: list[ShardPlan], mani
             for path in out.glob(f"{split}-[0-9][0-9][0-9][0-9][0-9][0-9].tar"):
                 if path.name not in planned:
                     path.unlink(missing_ok=True)
-        for path in (out / JOURNAL).glob("*.json"):
+        for path in (out / JOURNAL).glob("*.tar.json"):  # a shard's record; conversion.json is training.outdir's
             if path.name.removesuffix(".json") not in planned:
                 path.unlink(missing_ok=True)
 

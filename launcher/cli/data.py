@@ -108,6 +108,9 @@ def data_convert(src_arg: str = typer.Argument(None, metavar="SRC", help="ImageN
                                                      "I, I+N, ... and manifest.node-I-of-N.json; when every node "
                                                      "is done, one runs --merge."),
                  node_count: int = typer.Option(1, "--node-count", metavar="N", help="Machines sharing the work."),
+                 replace: bool = typer.Option(False, "--replace", help="--out may hold another conversion (another "
+                                                                       "SRC or other options): delete it and "
+                                                                       "write this one; without it, refused."),
                  merge: bool = typer.Option(False, "--merge", help="Only merge the node manifests of an N-node "
                                                                    "conversion (--node-count N) into manifest.json."),
                  cluster: str = typer.Option(None, "--cluster", help="Convert on every node of this cluster, then "
@@ -119,7 +122,7 @@ def data_convert(src_arg: str = typer.Argument(None, metavar="SRC", help="ImageN
     LOC_val_solution.csv or the devkit), and/or the official ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar,
     read without extracting. Run again after an interruption: finished shards are verified and kept.
     """
-    from training.convert import convert, merge_manifests
+    from training.convert import ArgumentError, convert, merge_manifests
     from training.shards import OptionError, check_options
 
     def summary(manifest: dict, where: str) -> None:
@@ -133,6 +136,12 @@ def data_convert(src_arg: str = typer.Argument(None, metavar="SRC", help="ImageN
         if len(manifest["rejected"]) > shown:
             err.print(f"  ... and {len(manifest['rejected']) - shown} more, listed in {where}", markup=False,
                       highlight=False)
+        missing = manifest.get("classes_without_train_images") or []
+        if missing:  # a class named only by the validation labels, or whose every image was rejected
+            listed = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+            err.print(f"warning: {plural(len(missing), 'class', 'classes')} of {len(manifest['classes'])} "
+                      f"{'has' if len(missing) == 1 else 'have'} no training image: {listed} "
+                      f"(classes_without_train_images in {where})", markup=False, highlight=False)
 
     out = out_dir(out)
     # A str, not typer's Path: Path('') is '.', so an empty SRC would quietly convert the current directory.
@@ -150,12 +159,13 @@ def data_convert(src_arg: str = typer.Argument(None, metavar="SRC", help="ImageN
         if merge:
             extra = [name for name, given in ((f"SRC {src}", src is not None), (f"--cluster {cluster}",
                                                                                   cluster is not None)) if given]
+            extra += ["--replace"] if replace else []
             if extra:  # the nodes' manifests are merged in --out; nothing is read from SRC or a cluster
                 raise usage_error(f"--merge takes only --out and --node-count; leave out {' and '.join(extra)}")
             summary(merge_manifests(out, node_count), f"{out}/manifest.json")
             return
         if src is None:
-            raise LaunchError("missing argument SRC (see `launch data convert --help`)")
+            raise usage_error("missing argument SRC")
         if cluster is not None:
             from launcher.execute.dataprep import convert_on_cluster
             from launcher.plans.dataprep import ConvertSpec
@@ -169,7 +179,7 @@ def data_convert(src_arg: str = typer.Argument(None, metavar="SRC", help="ImageN
                                       f"e.g. /fsx/imagenet")
             spec = ConvertSpec(src=str(src), out=str(out),
                                shard_size=shard_size, seed=seed, resize=resize, quality=quality,
-                               workers=workers)
+                               workers=workers, replace=replace)
             summary(convert_on_cluster(clusters.load(cluster), spec), f"{spec.out}/manifest.json")
             return
 
@@ -184,7 +194,9 @@ def data_convert(src_arg: str = typer.Argument(None, metavar="SRC", help="ImageN
         with _progress("convert", 0) as tick:
             manifest = convert(src, out, shard_size=shard_size, seed=seed, resize=resize, quality=quality,
                                workers=workers if workers is not None else cores, node_index=node_index,
-                               node_count=node_count, on_start=started, on_sample=tick)
+                               node_count=node_count, replace=replace, on_start=started, on_sample=tick)
+    except ArgumentError as e:  # SRC or --out: a bad argument, exit 2 as for a bad option
+        raise usage_error(str(e)) from None
     except ValueError as e:
         raise LaunchError(str(e)) from None
     where = "manifest.json" if node_count == 1 else f"manifest.node-{node_index}-of-{node_count}.json"

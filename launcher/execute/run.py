@@ -60,8 +60,10 @@ def prepare_sample_data(cluster: Cluster, node: Node, output: str, ranks: int) -
     for what, cmd in (
         ("making sample data", f"{launch} data sample --out {shlex.quote(raw)} --classes {SAMPLE_CLASSES} "
                                f"--per-class {SAMPLE_PER_CLASS} --val-per-class {SAMPLE_VAL_PER_CLASS}"),
+        # --replace: these shards are the run's own, made from its own sample; another shard size (other ranks)
+        # makes them again instead of being refused as another conversion.
         ("converting sample data", f"{launch} data convert {shlex.quote(raw)} --out {shlex.quote(shards)} "
-                                   f"--shard-size {size}"),
+                                   f"--shard-size {size} --replace"),
     ):
         print(f"[{node.name}] {what}", flush=True)
         code, _ = remote.stream(cluster, node, cmd, pty=False)

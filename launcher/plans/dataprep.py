@@ -30,6 +30,7 @@ class ConvertSpec(BaseModel):
     resize: int | None = None
     quality: int = 95
     workers: int | None = None  # per node; None: the node's cores
+    replace: bool = False  # --out may hold another conversion, which the nodes then delete
 
 
 # The conversion runs on a pty, so that hanging up (Ctrl-C here) ends it and its workers there by SIGHUP; a pty would
@@ -46,6 +47,7 @@ def convert_command(cluster: Cluster, spec: ConvertSpec, node: Node, index: int,
     if spec.resize is not None:
         argv += ["--resize", str(spec.resize)]
     argv += ["--workers", str(spec.workers or node.cpus), "--node-index", str(index), "--node-count", str(count)]
+    argv += ["--replace"] if spec.replace else []
     return f"{PLAIN_OUTPUT} {shlex.join(argv)} 2>&1"  # stderr too comes back prefixed by the node
 
 
