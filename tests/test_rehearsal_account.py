@@ -38,7 +38,7 @@ def made() -> Iterator[dict]:
         munge = sm.create_secret(Name="scaletrain-t-munge", SecretString="K" * 16)["ARN"]
         other = sm.create_secret(Name="someone-elses", SecretString="not yours")["ARN"]
         yield {"endpoint": endpoint, "munge": munge, "other": other,
-               "account": account_.bootstrap(endpoint, "t", secret_arn=munge)}
+               "account": account_.bootstrap(endpoint, "t", secret_arn=munge, subnet="10.213.7.0/24")}
     finally:
         server.stop()
         settings.INITIAL_NO_AUTH_ACTION_COUNT = free
@@ -106,3 +106,38 @@ def test_a_roles_policy_is_the_stacks_statements_with_this_accounts_arns_and_ses
         parameter_arn="arn:aws:ssm:us-east-1:123456789012:parameter/scaletrain/cluster/t/ttl-expires-at")
     assert {"ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel"} <= {
         a for st in doc["Statement"][2:] for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+
+
+def test_a_node_is_an_instance_the_accounts_ec2_launched_as_the_stacks_launch_template_does(made: dict) -> None:
+    """RunInstances, signed by the launcher's key: the cluster's subnet and image, the role's instance profile,
+    IMDSv2 required, the user data; describe-instances then sees the node as it would see the stack's. A replacement
+    terminates its predecessor, and a node of no role the account knows is refused."""
+    acct: account_.Account = made["account"]
+    ec2 = account_.client(made["endpoint"], "ec2", acct.key, acct.secret)
+    user_data = "#!/bin/bash\necho the stack's user data\n"
+    got = account_.run_instance(made["endpoint"], acct, cluster="t", node="node0", role=policies.NODE_ROLE,
+                                address="10.213.7.2", user_data=user_data)
+    inst = ec2.describe_instances(InstanceIds=[got.instance_id])["Reservations"][0]["Instances"][0]
+    assert inst["PrivateIpAddress"] == "10.213.7.2" and inst["SubnetId"] == acct.subnet_id
+    assert inst["ImageId"] == acct.image_id and inst["Placement"]["AvailabilityZone"] == "us-east-1a"
+    assert inst["IamInstanceProfile"]["Arn"].endswith(":instance-profile/scaletrain-t-node")
+    assert inst["MetadataOptions"]["HttpTokens"] == "required"
+    assert {t["Key"]: t["Value"] for t in inst["Tags"]} == {"Name": "node0", "scaletrain:cluster": "t"}
+    assert inst["NetworkInterfaces"][0]["MacAddress"] == got.mac
+    import base64
+
+    said = ec2.describe_instance_attribute(InstanceId=got.instance_id, Attribute="userData")["UserData"]["Value"]
+    assert base64.b64decode(said).decode() == user_data
+    iam = account_.client(made["endpoint"], "iam", acct.key, acct.secret)
+    profile = iam.get_instance_profile(InstanceProfileName=acct.profiles[policies.HEAD_ROLE])["InstanceProfile"]
+    assert [r["RoleName"] for r in profile["Roles"]] == [acct.role_names[policies.HEAD_ROLE]]
+
+    account_.terminate(made["endpoint"], acct, got.instance_id)
+    state = ec2.describe_instances(InstanceIds=[got.instance_id])["Reservations"][0]["Instances"][0]["State"]
+    assert state["Name"] in ("shutting-down", "terminated")
+    again = account_.run_instance(made["endpoint"], acct, cluster="t", node="node0", role=policies.NODE_ROLE,
+                                  address="10.213.7.9", user_data=user_data)
+    assert again.instance_id != got.instance_id
+    with pytest.raises(ClientError):  # the launcher's key alone launches: a node's role may not
+        _as(made, "node", "ec2").run_instances(ImageId=acct.image_id, MinCount=1, MaxCount=1,
+                                               InstanceType=account_.plan.INSTANCE_TYPE, SubnetId=acct.subnet_id)

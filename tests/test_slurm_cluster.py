@@ -217,6 +217,41 @@ def test_each_node_ran_the_stacks_own_user_data_for_its_role(home):
     assert differing and all(any(u in ln for u in unit) for ln in differing), differing  # the unit's text only
 
 
+def test_each_node_is_an_instance_of_the_accounts_ec2(home):
+    """describe-instances against the stand-in account sees the cluster as it would see the stack's: one running
+    instance per node at its address, from the cluster's image, whose id is what the node's IMDS and cloud-init say
+    and whose user data is what the node ran. A node replaced before this test left its predecessor terminated, so
+    no name has two running instances."""
+    import base64
+
+    from launcher.local import rehearsal_services
+
+    state = cluster_state(home)
+    r = state["rehearsal"]
+    ec2 = rehearsal_services.account(r["services"], "ec2", r["account_key"], r["account_secret"])
+    found = ec2.describe_instances(Filters=[{"Name": "tag:scaletrain:cluster", "Values": ["local"]},
+                                            {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    running: dict[str, dict] = {}
+    for i in (i for res in found["Reservations"] for i in res["Instances"]):
+        name = {t["Key"]: t["Value"] for t in i["Tags"]}["Name"]
+        assert name not in running, f"{name} has two running instances"
+        running[name] = i
+    nodes = {n["name"]: n["address"] for n in [*state["nodes"], state["head"]]}
+    assert {n: i["PrivateIpAddress"] for n, i in running.items()} == nodes
+    imds = ("t=$(curl -sf -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token)"
+            " && for p in instance-id ami-id mac; do curl -sf -H \"X-aws-ec2-metadata-token: $t\" "
+            "http://169.254.169.254/latest/meta-data/$p; echo; done; cat /var/lib/cloud/data/instance-id")
+    seed = "var/lib/cloud/seed/nocloud/user-data"
+    for node in ("head", "node0", "reducer0"):
+        said = launch(home, "ssh", "--cluster", "local", node, imds, check=True).stdout.split()
+        inst = running[node]
+        assert said == [inst["InstanceId"], inst["ImageId"], inst["NetworkInterfaces"][0]["MacAddress"],
+                        inst["InstanceId"]], (node, said)
+        data = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"]
+        ran = (home / "clusters/local/nodes" / node / "upper" / seed).read_text()
+        assert base64.b64decode(data["Value"]).decode() == ran
+
+
 def test_a_rebooted_head_keeps_its_queue_and_a_running_job_goes_on(home):
     """EC2's reboot: every process of the head node ends, its disk stays, systemd boots it again, cloud-init does not
     run the user data again; the units bring munge and slurmctld back, with the queue (StateSaveLocation)."""

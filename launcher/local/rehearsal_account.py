@@ -7,8 +7,15 @@ While moto still takes any caller (its INITIAL_NO_AUTH_ACTION_COUNT is unlimited
 - one session of each role (sts:AssumeRole, 12 h, the longest a role allows): the credentials IMDS hands every
   instance of that role, as EC2 hands an instance profile's (iam/security-credentials/ROLE);
 - the launcher's own IAM user, allowed everything, whose key `launch local` and its keeper use;
+- what EC2 needs to launch the nodes as the stack's Auto Scaling groups do: a VPC and a subnet with the cluster's
+  own CIDR, an instance profile per role, and the image registered as an AMI;
 then it turns IAM on (moto's /moto-api/reset-auth with 0 free calls). From then on a call signed by a node's role
 credentials does what the stack's role lets it do and nothing else: a worker moving the TTL is AccessDenied.
+
+Every node is an instance of that account's EC2 (run_instance): its instance id, private address, MAC, launch time,
+user data and instance profile are what RunInstances answered, and IMDS serves them, so `describe-instances` against
+the account sees the cluster as it would see the stack's; a replacement is a new instance and its predecessor is
+terminated, as an Auto Scaling group does.
 
 What a real account would do and this one does not: refresh the role's credentials before they expire (12 h here,
 longer than any local cluster lives), check the caller's source (aws:SourceVpc), and refuse a node that calls
@@ -19,7 +26,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from infra import policies, ttl
@@ -38,6 +45,18 @@ class Account:
     secret: str
     roles: dict[str, imds.Credentials]       # role -> the session IMDS hands its instances
     role_names: dict[str, str]               # role -> its name in IAM
+    profiles: dict[str, str] = field(default_factory=dict)  # role -> its instance profile's name
+    image_id: str = ""                       # the rehearsal root, registered as the nodes' AMI
+    subnet_id: str = ""                      # the cluster's subnet, its own CIDR
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What RunInstances answered for a node: IMDS serves it."""
+
+    instance_id: str
+    mac: str
+    launch_time: float
 
 
 def role_name(cluster: str, role: str) -> str:
@@ -66,14 +85,17 @@ def client(endpoint: str, service: str, key: str = "bootstrap", secret: str = "b
                         aws_secret_access_key=secret)
 
 
-def bootstrap(endpoint: str, cluster: str, *, secret_arn: str) -> Account:
-    """Make the roles, their sessions and the launcher's user, then turn IAM on (see the module's docstring)."""
-    iam, sts = client(endpoint, "iam"), client(endpoint, "sts")
-    roles, names = {}, {}
+def bootstrap(endpoint: str, cluster: str, *, secret_arn: str, subnet: str) -> Account:
+    """Make the roles, their sessions and instance profiles, the launcher's user and the network and image EC2
+    launches the nodes into, then turn IAM on (see the module's docstring)."""
+    iam, sts, ec2 = client(endpoint, "iam"), client(endpoint, "sts"), client(endpoint, "ec2")
+    roles, names, profiles = {}, {}, {}
     for role in (policies.NODE_ROLE, policies.HEAD_ROLE):
-        name = names[role] = role_name(cluster, role)
+        name = names[role] = profiles[role] = role_name(cluster, role)
         arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(policies.trust_policy()),
                               MaxSessionDuration=SESSION_S)["Role"]["Arn"]
+        iam.create_instance_profile(InstanceProfileName=name)
+        iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
         iam.put_role_policy(RoleName=name, PolicyName="scaletrain-boot", PolicyDocument=json.dumps(
             role_document(role, secret_arn=secret_arn, parameter_arn=parameter_arn(cluster))))
         c = sts.assume_role(RoleArn=arn, RoleSessionName=name, DurationSeconds=SESSION_S)["Credentials"]
@@ -84,8 +106,36 @@ def bootstrap(endpoint: str, cluster: str, *, secret_arn: str) -> Account:
     iam.put_user_policy(UserName=LAUNCHER_USER, PolicyName="everything", PolicyDocument=json.dumps(
         {"Version": policies.VERSION, "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
     access = iam.create_access_key(UserName=LAUNCHER_USER)["AccessKey"]
+    vpc = ec2.create_vpc(CidrBlock=subnet)["Vpc"]["VpcId"]
+    subnet_id = ec2.create_subnet(VpcId=vpc, CidrBlock=subnet, AvailabilityZone=plan.ZONE)["Subnet"]["SubnetId"]
+    image = ec2.register_image(Name=f"scaletrain-rehearsal-{cluster}", Architecture="x86_64",
+                               RootDeviceName="/dev/sda1", VirtualizationType="hvm")["ImageId"]
     lock(endpoint)
-    return Account(key=access["AccessKeyId"], secret=access["SecretAccessKey"], roles=roles, role_names=names)
+    return Account(key=access["AccessKeyId"], secret=access["SecretAccessKey"], roles=roles, role_names=names,
+                   profiles=profiles, image_id=image, subnet_id=subnet_id)
+
+
+def run_instance(endpoint: str, account: Account, *, cluster: str, node: str, role: str, address: str,
+                 user_data: str) -> Launched:
+    """Launch a node as the stack's launch template does: the image, the subnet, the role's instance profile, IMDSv2
+    required (HttpTokens=required), the user data; at the address the local cluster gave it. The launcher's key
+    signs it: the account is locked by then."""
+    ec2 = client(endpoint, "ec2", account.key, account.secret)
+    kw = {"UserData": user_data} if user_data else {}
+    got = ec2.run_instances(
+        ImageId=account.image_id, InstanceType=plan.INSTANCE_TYPE, MinCount=1, MaxCount=1, SubnetId=account.subnet_id,
+        PrivateIpAddress=address, IamInstanceProfile={"Name": account.profiles[role]},
+        MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": node},
+                                                                 {"Key": "scaletrain:cluster", "Value": cluster}]}],
+        **kw)["Instances"][0]
+    return Launched(instance_id=got["InstanceId"], mac=got["NetworkInterfaces"][0]["MacAddress"],
+                    launch_time=got["LaunchTime"].timestamp())
+
+
+def terminate(endpoint: str, account: Account, instance_id: str) -> None:
+    """A node gone for good (replaced): its instance terminated, as the Auto Scaling group does."""
+    client(endpoint, "ec2", account.key, account.secret).terminate_instances(InstanceIds=[instance_id])
 
 
 def lock(endpoint: str) -> None:
@@ -101,7 +151,8 @@ def save(d: Path, account: Account) -> None:
     from launcher.files import write_atomic
 
     data = {"key": account.key, "secret": account.secret, "role_names": account.role_names,
-            "roles": {r: asdict(c) for r, c in account.roles.items()}}
+            "roles": {r: asdict(c) for r, c in account.roles.items()}, "profiles": account.profiles,
+            "image_id": account.image_id, "subnet_id": account.subnet_id}
     write_atomic(d / ACCOUNT_FILE, json.dumps(data, indent=1) + "\n")  # the cluster's directory is 0700
 
 
@@ -112,5 +163,6 @@ def load(d: Path) -> Account | None:
     except FileNotFoundError:
         return None
     return Account(key=data["key"], secret=data["secret"], role_names=data["role_names"],
-                   roles={r: imds.Credentials(**c) for r, c in data["roles"].items()})
+                   roles={r: imds.Credentials(**c) for r, c in data["roles"].items()}, profiles=data["profiles"],
+                   image_id=data["image_id"], subnet_id=data["subnet_id"])
 

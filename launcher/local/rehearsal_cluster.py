@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 from ami import paths
@@ -156,17 +155,14 @@ def _user_data(name: str, role: str, *, head_address: str | None, secret_arn: st
                             cpus=cpus, health_check=health, storage=mount, slurm_version=slurm.REHEARSAL_SLURM)
 
 
-def _instance(cluster_key: str, name: str, address: str, public_keys: list[str],
-              user_data: str, role: str | None, credentials: imds.Credentials | None) -> imds.Instance:
-    """IMDS's description of a node; `role` and `credentials` are its instance profile's role name and that role's
-    session in the stand-in account (launcher/local/rehearsal_account.py), None for a node with no role."""
-    now = time.time()
-    iid = plan.instance_id(cluster_key, name, address)
-    mac = "02:" + ":".join(iid[2 + 2 * i:4 + 2 * i] for i in range(5))
-    return imds.Instance(instance_id=iid, instance_type="rehearsal", local_ipv4=address, hostname=name,
-                         region=plan.REGION, availability_zone=plan.ZONE, role=role, credentials=credentials,
-                         public_keys=tuple(public_keys), ami_id="ami-0rehearsal0000000", mac=mac, launch_time=now,
-                         user_data=user_data or None)
+def _instance(launched: account_.Launched, acct: account_.Account, name: str, address: str, public_keys: list[str],
+              user_data: str, role: str) -> imds.Instance:
+    """IMDS's description of a node: what the account's RunInstances answered for it (its id, MAC and launch time),
+    its instance profile's role name and that role's session in the stand-in account."""
+    return imds.Instance(instance_id=launched.instance_id, instance_type=plan.INSTANCE_TYPE, local_ipv4=address,
+                         hostname=name, region=plan.REGION, availability_zone=plan.ZONE, role=acct.role_names[role],
+                         credentials=acct.roles[role], public_keys=tuple(public_keys), ami_id=acct.image_id,
+                         mac=launched.mac, launch_time=launched.launch_time, user_data=user_data or None)
 
 
 def _publish(d: Path, instances: dict[str, imds.Instance]) -> None:
@@ -175,9 +171,10 @@ def _publish(d: Path, instances: dict[str, imds.Instance]) -> None:
 
 
 def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, storage_files: dict, instances: dict,
-               *, user_data: str, public_keys: list[str], address: str | None = None,
+               *, acct: account_.Account, user_data: str, public_keys: list[str], address: str | None = None,
                timeout_s: float = 60.0) -> nodes_.Booted:
-    """Make a node's network, publish it to IMDS, put its seed on its new disk and boot it."""
+    """Make a node's network, launch its instance in the account, publish it to IMDS, put its seed on its new disk
+    and boot it."""
     node_dir = d / "nodes" / name
     if node_dir.exists():
         subprocess.run(["rm", "-rf", "--one-file-system", str(node_dir)], check=False)
@@ -194,16 +191,21 @@ def _boot_node(d: Path, netw: plan.Network, name: str, layers: rh.Layers, storag
         if nodes_.netns_exists(net.netns):
             _record(d, node=net)
     # The head's instance profile is the head role's, every other node's the node role's, as in the stack.
-    acct = account_.load(d)
     role = policies.HEAD_ROLE if name == HEAD else policies.NODE_ROLE
-    inst = _instance(str(d.resolve()), name, net.address, public_keys, user_data,
-                     acct.role_names[role] if acct else None, acct.roles[role] if acct else None)
+    assert netw.services is not None
+    endpoint = services_.endpoint(netw.services.address)
+    try:
+        launched = account_.run_instance(endpoint, acct, cluster=d.name, node=name, role=role, address=net.address,
+                                         user_data=user_data)
+    except Exception as e:  # botocore's errors: one line
+        raise LaunchError(f"the rehearsal's account at {endpoint} did not launch {name}'s instance: "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    inst = _instance(launched, acct, name, net.address, public_keys, user_data, role)
     with _RECORD_LOCK:
         instances[net.address] = inst
         _publish(d, instances)
     files = plan.seed_files(instance_id=inst.instance_id, hostname=name, user_data=user_data,
                             public_keys=public_keys)
-    assert netw.services is not None
     files[plan.AWS_CONFIG] = (plan.aws_config(services_.endpoint(netw.services.address), plan.REGION).encode(),
                                   0o644)  # no secret in it; every user of the node reads it
     files.update(storage_files)
@@ -271,7 +273,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         endpoint = services_.endpoint(netw.services.address)
         try:
             made_secret = _munge_secret(endpoint, name)
-            acct = account_.bootstrap(endpoint, name, secret_arn=made_secret)
+            acct = account_.bootstrap(endpoint, name, secret_arn=made_secret, subnet=netw.subnet)
         except Exception as e:  # botocore's and urllib's errors: one line, then the cluster comes down
             raise LaunchError(f"the rehearsal's account at {endpoint} failed while made as the stack makes it: "
                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}; log: "
@@ -284,7 +286,8 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         timeout = plan.boot_timeout(len(roles) + (1 if with_slurm else 0), os.cpu_count() or 1)
         if with_slurm:  # the controller first: each slurmd registers with it as it starts
             head_addr = netw.node(HEAD).address
-            booted[HEAD] = _boot_node(d, netw, HEAD, layers, storage_files, instances, public_keys=public_keys,
+            booted[HEAD] = _boot_node(d, netw, HEAD, layers, storage_files, instances, acct=acct,
+                                      public_keys=public_keys,
                                       user_data=_user_data(name, "head", head_address=None, secret_arn=secret_arn,
                                                            cpus=1, workers=workers, reducers=reducers,
                                                            storage=netw.storage.address))
@@ -293,7 +296,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
 
         def one(item: tuple[str, str]) -> nodes_.Booted:
             node, role = item
-            return _boot_node(d, netw, node, layers, storage_files, instances, public_keys=public_keys,
+            return _boot_node(d, netw, node, layers, storage_files, instances, acct=acct, public_keys=public_keys,
                               timeout_s=timeout,
                               user_data=_user_data(name, role, head_address=head.address if head else None,
                                                    secret_arn=secret_arn, cpus=cpus, workers=workers,
@@ -402,22 +405,26 @@ def _replace(cluster: Cluster, names: list[str]) -> tuple[Cluster, dict[str, lis
     instances = imds.load_instances((d / services_.INSTANCES).read_text())
     netw = dataclasses.replace(netw, services=plan.services_net(str(d.resolve()), info.subnet))
     workers = sum(1 for n in cluster.nodes if n.role == "worker")
+    acct = account_.load(d)
+    assert acct is not None and netw.services is not None
     for name in names:
         net = netw.node(name)
         faults.release(net.netns, net.veth)
         nodes_.remove_node_net(net.netns, net.veth)
         nodes_.remove_cgroup(net.netns)
         with _RECORD_LOCK:
-            instances.pop(net.address, None)
-            instances.pop(cluster.node(name).address, None)
+            gone = {instances.pop(net.address, None), instances.pop(cluster.node(name).address, None)} - {None}
+        for old in gone:  # as the Auto Scaling group terminates the instance it replaces
+            with contextlib.suppress(Exception):  # the account's own errors: the node is replaced all the same
+                account_.terminate(services_.endpoint(netw.services.address), acct, old.instance_id)
         addresses[name] = plan.replacement_address(cluster.rehearsal.subnet, taken)
         taken.add(addresses[name])
         node = cluster.node(name)
         user_data = _user_data(cluster.name, node.role, head_address=cluster.head.address if cluster.head else None,
                                secret_arn=info.secret or None, cpus=node.cpus, workers=workers,
                                reducers=len(cluster.nodes) - workers, storage=info.storage)
-        b = _boot_node(d, netw, name, layers, services_.storage_files(d, info.storage), instances, user_data=user_data,
-                       public_keys=public_keys, address=addresses[name])
+        b = _boot_node(d, netw, name, layers, services_.storage_files(d, info.storage), instances, acct=acct,
+                       user_data=user_data, public_keys=public_keys, address=addresses[name])
         keys[name], pids[name] = b.host_keys, b.pid
     new = cluster.model_copy(update={
         "processes": pids,

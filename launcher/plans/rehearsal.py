@@ -55,6 +55,7 @@ IMDS_PORT = 80
 ACCOUNT_PORT = 5000                      # the moto server standing in for the AWS account
 REGION = "us-east-1"                     # the account's region and the nodes' zone, as IMDS reports them
 ZONE = "us-east-1a"
+INSTANCE_TYPE = "rehearsal"               # what the nodes' EC2 instances and IMDS say they are: no catalog type
 SCRIPT_DIR = paths.SCRIPT_DIR            # where the image keeps its component scripts
 BUILD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -371,12 +372,6 @@ def seed_files(*, instance_id: str, hostname: str, user_data: str,
     meta = "\n".join([f"instance-id: {json.dumps(instance_id)}", f"local-hostname: {json.dumps(hostname)}",
                       "public-keys:", *(f"  - {json.dumps(k.strip())}" for k in public_keys if k.strip()), ""])
     return {f"{SEED_DIR}/meta-data": (meta.encode(), 0o600), f"{SEED_DIR}/user-data": (user_data.encode(), 0o600)}
-
-
-def instance_id(cluster_key: str, node: str, address: str) -> str:
-    """An instance id of EC2's form (i- and 17 hex digits), new for every boot from the image (a replacement is a
-    new instance) and stable for a node's life (a reboot keeps it)."""
-    return "i-" + hashlib.sha256(f"{cluster_key}\0{node}\0{address}".encode()).hexdigest()[:17]
 
 
 def cloud_failure(result: dict) -> str | None:
