@@ -116,11 +116,41 @@ def test_the_run_jobs_batch_script_asks_the_step_for_a_rendezvous():
     assert "--rendezvous-port" not in slurm.batch_script(slurm.BatchJob(**{**job.__dict__, "rendezvous_port": None}))
 
 
-def rank(tmp_path: Path, env: dict[str, str], *command: str) -> subprocess.CompletedProcess:
+def rank(tmp_path: Path, env: dict[str, str], *command: str, options: tuple[str, ...] = ()
+         ) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "RANK", "WORLD_SIZE"))}
     return subprocess.run([sys.executable, "-m", "launcher.execute.userrank", "--workdir", str(tmp_path),
-                           "--python-bin", "/opt/image/bin", "--", *command], env=clean | env,
+                           "--python-bin", "/opt/image/bin", *options, "--", *command], env=clean | env,
                           capture_output=True, text=True, timeout=60)
+
+
+def test_the_run_jobs_mpirun_line_names_its_requirements_set_before_the_command():
+    from test_plan import local_cluster
+
+    c = local_cluster(2)
+    how = {"procs": 1, "workdir": "/w", "output": "/o", "command": ["python", "t.py"], "engine": "ddp",
+           "fabric_env": {}, "mca": []}
+    argv = userjob.run_mpirun(c, c.select_workers(2), **how, requirements_set="/fsx/scaletrain/envs/abc.json")
+    at = argv.index("--requirements-set")
+    assert argv[at + 1:] == ["/fsx/scaletrain/envs/abc.json", "--", "python", "t.py"]
+    assert "--requirements-set" not in userjob.run_mpirun(c, c.select_workers(2), **how)
+
+
+def test_a_process_runs_with_its_requirements_environment_first(tmp_path):
+    """A set whose environment is made: the command's PATH starts with its bin/, VIRTUAL_ENV names it, and nothing
+    is made again. A set document that cannot be read is one line and exit 1."""
+    env = tmp_path / "envs" / "abc"
+    (env / "bin").mkdir(parents=True)
+    (env / ".scaletrain-ready").write_text("abc\n")
+    doc = tmp_path / "envs" / "abc.json"
+    doc.write_text(json.dumps({"hash": "abc", "env": str(env), "pins": [], "wheels": []}))
+    script = "import os; print(os.environ['PATH'].split(':')[:2], os.environ['VIRTUAL_ENV'])"
+    out = rank(tmp_path, ompi(0, 1, 0, 1), sys.executable, "-c", script, options=("--requirements-set", str(doc)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout == f"[rank 0] ['{env}/bin', '/opt/image/bin'] {env}\n"
+    bad = rank(tmp_path, ompi(1, 2, 1, 2), "true", options=("--requirements-set", str(tmp_path / "none.json")))
+    assert bad.returncode == 1 and bad.stdout.startswith("[rank 1] error: cannot read the requirements set "), bad
+    assert len(bad.stdout.splitlines()) == 1
 
 
 def test_each_process_gets_torchruns_variables_in_the_synced_directory(tmp_path):
