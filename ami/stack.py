@@ -16,6 +16,7 @@ from typing import Any
 from aws_cdk import Aws, CfnOutput, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_imagebuilder as imagebuilder
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as assets
 from cdk_nag import NagSuppressions
@@ -23,6 +24,7 @@ from constructs import Construct
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ami import paths, render
+from infra.loggroups import FUNCTION_LOG_RETENTION, give_functions_log_groups
 from launcher.plans.preflight_limits import build_quota_class
 
 ROOT = render.HERE.parent
@@ -119,8 +121,10 @@ class ImageStack(Stack):
         prefix = spec.name
         source = assets.Asset(self, "Source", path=str(ROOT), exclude=SOURCE_EXCLUDE)
 
-        logs = s3.Bucket(self, "BuildLogs", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
-                         block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=RemovalPolicy.RETAIN)
+        # Kept on purpose when the stack goes (README, "What stays after launch down"): the images it built outlive it,
+        # and their build logs with them.
+        log_bucket = s3.Bucket(self, "BuildLogs", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
+                               block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=RemovalPolicy.RETAIN)
         role = iam.Role(self, "BuildRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
                         managed_policies=[
                             iam.ManagedPolicy.from_aws_managed_policy_name("EC2InstanceProfileForImageBuilder"),
@@ -131,7 +135,7 @@ class ImageStack(Stack):
         # https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
         role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"],
                                                resources=[source.bucket.arn_for_objects(source.s3_object_key)]))
-        logs.grant_put(role)
+        log_bucket.grant_put(role)
         profile = iam.CfnInstanceProfile(self, "BuildProfile", roles=[role.role_name])
 
         components = []
@@ -164,7 +168,7 @@ class ImageStack(Stack):
                 http_tokens="required", http_put_response_hop_limit=2),
             logging=imagebuilder.CfnInfrastructureConfiguration.LoggingProperty(
                 s3_logs=imagebuilder.CfnInfrastructureConfiguration.S3LogsProperty(
-                    s3_bucket_name=logs.bucket_name, s3_key_prefix="image-builder")))
+                    s3_bucket_name=log_bucket.bucket_name, s3_key_prefix="image-builder")))
 
         # Every image this distribution makes (the deploy's, and each pipeline rebuild) writes its AMI id to the
         # parameter, creating or updating it, as data type aws:ec2:image
@@ -186,6 +190,7 @@ class ImageStack(Stack):
         execution = self._execution_role(spec)
         lifecycle = self._lifecycle_policy(spec)
         image_tags = {TAG_IMAGE_STACK: prefix}
+        image_logs, pipeline_logs = self._build_log_groups(prefix)
 
         tests = imagebuilder.CfnImagePipeline.ImageTestsConfigurationProperty(image_tests_enabled=True,
                                                                               timeout_minutes=120)
@@ -194,10 +199,14 @@ class ImageStack(Stack):
             infrastructure_configuration_arn=infrastructure.attr_arn,
             distribution_configuration_arn=distribution.attr_arn, image_tests_configuration=tests,
             execution_role=execution.role_arn, image_tags=image_tags,
+            logging_configuration=imagebuilder.CfnImagePipeline.PipelineLoggingConfigurationProperty(
+                image_log_group_name=image_logs.log_group_name, pipeline_log_group_name=pipeline_logs.log_group_name),
             description="Rebuild the scaletrain image: aws imagebuilder start-image-pipeline-execution")
         image = imagebuilder.CfnImage(
             self, "Image", image_recipe_arn=recipe.attr_arn, infrastructure_configuration_arn=infrastructure.attr_arn,
             distribution_configuration_arn=distribution.attr_arn, execution_role=execution.role_arn, tags=image_tags,
+            logging_configuration=imagebuilder.CfnImage.ImageLoggingConfigurationProperty(
+                log_group_name=image_logs.log_group_name),
             image_tests_configuration=imagebuilder.CfnImage.ImageTestsConfigurationProperty(
                 image_tests_enabled=True, timeout_minutes=120))
         # The build starts once the role's own policy (ssm:PutParameter, ec2:DescribeImages) exists, not just the role:
@@ -220,9 +229,26 @@ class ImageStack(Stack):
              "and s3:Abort* on its objects); the source archive is read by its one object key, with no wildcard",
              "appliesTo": ["Action::s3:Abort*", {"regex": "/^Resource::<BuildLogs[0-9A-F]+\\.Arn>/\\*$/"}]},
         ], apply_to_children=True)
-        NagSuppressions.add_resource_suppressions(logs, [
+        NagSuppressions.add_resource_suppressions(log_bucket, [
             {"id": "AwsSolutions-S1", "reason": "the bucket is the Image Builder build-log destination itself; "
              "access logs of a log bucket would need yet another bucket"}])
+        give_functions_log_groups(self)  # none today; a custom resource added later gets its log group too
+
+    def _build_log_groups(self, prefix: str) -> tuple[logs.LogGroup, logs.LogGroup]:
+        """The CloudWatch log groups of this stack's builds and pipeline runs, with a retention, deleted with the stack.
+
+        Left to itself Image Builder writes to ``/aws/imagebuilder/IMAGE-NAME`` and ``/aws/imagebuilder/pipeline/
+        PIPELINE-NAME``, log groups it creates with no retention and that no stack deletes (EC2 Image Builder User
+        Guide, "Monitor Image Builder logs with Amazon CloudWatch Logs":
+        https://docs.aws.amazon.com/imagebuilder/latest/userguide/monitor-cwlogs.html); the image's and the pipeline's
+        logging configuration name these instead (AWS::ImageBuilder::Image ImageLoggingConfiguration,
+        AWS::ImageBuilder::ImagePipeline PipelineLoggingConfiguration). Under ``/aws/imagebuilder/``, where the build
+        instance's EC2InstanceProfileForImageBuilder may write, and where names outside it would need the execution
+        role to. The build's full logs also stay in the BuildLogs bucket (the infrastructure's S3 logging)."""
+        image, pipeline = (logs.LogGroup(self, f"{kind.capitalize()}Logs", log_group_name=f"/aws/imagebuilder/{prefix}/"
+                                         f"{kind}", retention=FUNCTION_LOG_RETENTION,
+                                         removal_policy=RemovalPolicy.DESTROY) for kind in ("image", "pipeline"))
+        return image, pipeline
 
     def _execution_role(self, spec: ImageSpec) -> iam.Role:
         """The role Image Builder assumes to build, test and distribute this stack's images.

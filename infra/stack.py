@@ -23,6 +23,7 @@ from infra.compute import TAG_CLUSTER, NodeGroup, NodeIdentity
 from infra.guard import CostGuard, IdleStop
 from infra.head import HeadNode, MungeKey
 from infra.layout import FSX_MOUNT_POINT, Interface
+from infra.loggroups import give_functions_log_groups
 from infra.network import Network
 from infra.security import NodeSecurity
 from infra.spec import ClusterSpec
@@ -43,6 +44,7 @@ PINNED_LOGICAL_IDS = (
     "FileSystem",
     "FlowLogGroup",
     "GuardLogGroup",
+    "CustomVpcRestrictDefaultSGCustomResourceProviderLogGroup",  # CDK's provider's (infra/loggroups.py)
     "TtlClock",
     "TtlExpiry",
     "TtlSchedule",
@@ -312,6 +314,10 @@ class ClusterStack(Stack):
         }
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)
+        # Last, once every construct exists: CDK's own handlers (the VPC's Custom::VpcRestrictDefaultSG provider) get
+        # a log group with a retention that goes with the stack, as the guard's functions have (infra/loggroups.py).
+        for group in give_functions_log_groups(self):
+            _pin(group, "".join(ch for ch in group.node.scope.node.id if ch.isalnum()) + "LogGroup")
 
     def _image_parameter(self, spec: ClusterSpec) -> str:
         """The project's image, resolved at deploy time from the parameter its pipeline publishes to.

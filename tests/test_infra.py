@@ -949,6 +949,7 @@ PINNED_TYPES = {
     "TtlSchedule": "AWS::Scheduler::Schedule",
     "HeadNode": "AWS::EC2::Instance",
     "MungeKey": "AWS::SecretsManager::Secret",
+    "CustomVpcRestrictDefaultSGCustomResourceProviderLogGroup": "AWS::Logs::LogGroup",
 }
 
 
