@@ -176,6 +176,9 @@ def test_cluster_help_says_the_aws_fallback(capsys):
         assert "$SCALETRAIN_STACK" in out, command
 
 
+ID_LINE = "error: ID must be a job id as `launch jobs` lists them, a whole number from 1 to 4,294,967,295"
+
+
 @pytest.mark.parametrize(("argv", "said"), [
     # The one node limit of plan and cost (infra.catalog.MAX_NODES), refused before AWS is asked.
     (["preflight", "-c", "nodes=4097"], "error: nodes='4097': allowed: 1 to 4096 worker nodes"),
@@ -215,14 +218,29 @@ def test_cluster_help_says_the_aws_fallback(capsys):
     (["run", "--region", "", "--", "true"], "error: --region needs a region name such as us-east-1, got ''"),
     (["run", "--profile", " ", "--", "true"], "error: --profile needs a profile name (as in ~/.aws/config), got ' '"),
     # jobs, logs, cancel: the id is checked before the cluster is asked (it was after reaching the nodes).
-    (["logs", "abc"], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got 'abc'"),
-    (["logs", "12_3"], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got '12_3'"),
-    (["logs", "0"], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got '0'"),
-    (["cancel", ""], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got ''"),
-    (["cancel", "1.5"], "error: ID must be a job id as `launch jobs` lists them, a whole number >= 1; got '1.5'"),
+    (["logs", "abc"], ID_LINE + "; got 'abc'"),
+    (["logs", "12_3"], ID_LINE + "; got '12_3'"),
+    (["logs", "0"], ID_LINE + "; got '0'"),
+    (["cancel", ""], ID_LINE + "; got ''"),
+    (["cancel", "1.5"], ID_LINE + "; got '1.5'"),
     (["jobs", "--region", ""], "error: --region needs a region name such as us-east-1, got ''"),
     (["logs", "1", "--profile", ""], "error: --profile needs a profile name"),
     (["cancel", "1", "--region", " "], "error: --region needs a region name such as us-east-1, got ' '"),
+    # Slurm's ids are 32-bit: 2**32 went to the head node; 5,000 digits were int()'s own ValueError.
+    (["logs", str(2**32)], "error: ID must be a job id as `launch jobs` lists them, a whole number from 1 to "
+                           "4,294,967,295; got '4294967296'"),
+    (["cancel", "9" * 5000], "error: ID must be a job id as `launch jobs` lists them"),
+    # exec and ssh: nothing to run, or no node; each went on to the cluster.
+    (["exec", "--", ""], "error: launch exec needs a command after --, e.g. `launch exec -- nvidia-smi`; got ''"),
+    (["exec", "--", " ", ""], "error: launch exec needs a command after --"),
+    (["ssh", ""], "error: NODE needs a node's name (node0, reducer0, ..., head), got ''"),
+    # up waited for ever.
+    (["up", "--capacity-wait", "inf"], "error: --capacity-wait must be a finite number of seconds >= 0, got inf"),
+    # local: a path for a name (down looked for, and would remove, ~/.scaletrain/x).
+    (["local", "down", "--cluster", "../x"], "error: --cluster must be a cluster's name, not a path; got '../x'"),
+    (["local", "kill", "node0", "--cluster", ".."], "error: --cluster must be a cluster's name, not a path"),
+    (["local", "replace", "--cluster", "a/b"], "error: --cluster must be a cluster's name, not a path"),
+    (["local", "reboot", "node0", "--cluster", "/tmp"], "error: --cluster must be a cluster's name, not a path"),
     # local: an empty --cluster (exit 1 before) and a --name that is no plain name (a path, or the clusters dir).
     (["local", "replace", "--cluster", ""], "error: --cluster needs a name, got ''"),
     (["local", "down", "--cluster", ""], "error: --cluster needs a name, got ''"),
@@ -273,6 +291,11 @@ def test_the_last_node_count_reaches_aws(tmp_path, monkeypatch, capsys):
     (["discover", "--ready-timeout", "0"], "no AWS credentials"),
     (["logs", "1"], "no AWS credentials"),
     (["cancel", "007"], "no AWS credentials"),
+    (["logs", str(2**32 - 1)], "no AWS credentials"),
+    (["exec", "--", "true"], "no AWS credentials"),
+    (["ssh", "node0"], "no AWS credentials"),
+    (["up", "--capacity-wait", "1e9"], "no AWS credentials"),
+    (["local", "down", "--cluster", "x.y"], "unknown cluster 'x.y'"),
     (["jobs", "--region", "eu-west-1"], "no AWS credentials"),
     (["up", "--fallback-reservation", "cr-0123456789abcdef0"], "no AWS credentials"),
     (["local", "replace", "--cluster", "x"], "unknown cluster 'x'"),
@@ -345,3 +368,20 @@ def test_ssh_understands_its_options_after_the_node(monkeypatch, capsys):
     assert cli.main(["ssh", "node0", "--help"]) == 0 and "--cluster" in capsys.readouterr().out
     assert cluster_cli.ssh_argv("cfg", "node0", ["-v"]) == ["ssh", "-F", "cfg", "--", "node0", "-v"]
     assert cluster_cli.ssh_argv("cfg", "node0", []) == ["ssh", "-F", "cfg", "-t", "--", "node0"]
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--node-index", "1", "--node-count", "2"], "error: --cluster chooses the nodes itself; leave out --node-index "
+                                                 "and --node-count"),
+    (["--out", "relative"], "error: --out relative must be an absolute path as the nodes see it with --cluster"),
+])
+def test_data_convert_with_cluster_refuses_what_the_cluster_decides_as_usage_errors(extra, said, tmp_path,
+                                                                                    monkeypatch, capsys):
+    """Exit 1 before (a LaunchError), where every other bad option of the command is 2."""
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src" / "train").mkdir(parents=True)
+    argv = ["data", "convert", str(tmp_path / "src"), "--out", str(tmp_path / "out"), "--cluster", "x", *extra]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1, err

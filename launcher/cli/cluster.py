@@ -206,8 +206,7 @@ def up_cmd(context: list[str] = ContextOpt, region: str = StackRegionOpt, profil
     if capacity_block and not fallback_reservation:
         raise usage_error("--capacity-block describes --fallback-reservation; pass both")
     check_aws_options(region, profile)
-    if not capacity_wait >= 0:
-        raise usage_error(f"--capacity-wait must be a number of seconds >= 0, got {capacity_wait:g}")
+    check_seconds("--capacity-wait", capacity_wait)  # inf waited for ever; nan was refused already
     spec, pairs, defaults = _spec_and_pairs(context, region)
     sess = aws.session(spec.region, profile)
     facts = preflight_shell.gather(sess, spec)
@@ -275,6 +274,8 @@ def ssh_cmd(ctx: typer.Context, node: str = typer.Argument(..., help="Node name 
                                                              "starts with - goes after --."),
             cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Open an SSH session on one node (through SSM Session Manager on AWS), host keys pinned."""
+    if not node.strip():
+        raise usage_error(f"NODE needs a node's name (node0, reducer0, ..., head), got {node!r}")
     given, command = options_after_node(command or [])
     if "--help" in given:
         typer.echo(ctx.get_help())

@@ -266,6 +266,14 @@ def check_named(option: str, value: str | None, what: str) -> None:
         raise usage_error(f"{option} needs {what}, got {value!r}")
 
 
+def check_cluster_name(option: str, value: str | None) -> None:
+    """A cluster's name as this machine keeps it (a directory under $SCALETRAIN_HOME/clusters): '' or a path such as
+    ../x (which `launch local down` would have looked for, and removed, outside that directory) is a usage error."""
+    check_named(option, value, "a name")
+    if value is not None and (Path(value).name != value or value in (".", "..")):
+        raise usage_error(f"{option} must be a cluster's name, not a path; got {value!r}")
+
+
 def output_dir(option: str, value: str) -> Path:
     """--out DIR of a command that writes a directory (made when it is not there): one usage-error line, before
     anything is computed, for '' (Path('') is '.', the current directory), a file, a symbolic link loop or one to

@@ -171,11 +171,11 @@ def data_convert(src_arg: str = typer.Argument(None, metavar="SRC", help="ImageN
             from launcher.plans.dataprep import ConvertSpec
 
             if (node_index, node_count) != (0, 1):
-                raise LaunchError("--cluster chooses the nodes itself; leave out --node-index and --node-count")
+                raise usage_error("--cluster chooses the nodes itself; leave out --node-index and --node-count")
             # Paths on the nodes: resolving them here would name this machine's directory or home, not theirs.
             for name, path in (("SRC", src), ("--out", out)):
                 if not path.is_absolute():
-                    raise LaunchError(f"{name} {path} must be an absolute path as the nodes see it with --cluster, "
+                    raise usage_error(f"{name} {path} must be an absolute path as the nodes see it with --cluster, "
                                       f"e.g. /fsx/imagenet")
             spec = ConvertSpec(src=str(src), out=str(out),
                                shard_size=shard_size, seed=seed, resize=resize, quality=quality,

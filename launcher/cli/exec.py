@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import typer
 
-from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, check_aws_options, console, err, resolve
+from launcher.cli.common import (
+    ClusterOpt,
+    ProfileOpt,
+    RegionOpt,
+    check_aws_options,
+    console,
+    err,
+    resolve,
+    usage_error,
+)
 from launcher.errors import LaunchError
 from launcher.execute import remote
 
@@ -15,6 +24,9 @@ app = typer.Typer()
 def exec_(command: list[str] = typer.Argument(..., help="The command (after --), run by each node's shell."),
           cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt):
     """Run one command on every node in parallel; output is prefixed by node."""
+    if not " ".join(command).strip():  # `launch exec -- ''` ran an empty command on every node and said nothing
+        raise usage_error(f"launch exec needs a command after --, e.g. `launch exec -- nvidia-smi`; got "
+                          f"{' '.join(command)!r}")
     check_aws_options(region, profile)  # '' would quietly mean the default region or profile
     c = resolve(cluster, region, profile, reach=True)
     results = remote.run_all(c, c.nodes, " ".join(command))

@@ -43,8 +43,12 @@ def submit_and_follow(c: clusters.Cluster, script: str, output: str, intro: str,
 def _job_id(job_id: str) -> str:
     """A job id as Slurm gives them and `launch jobs` lists them (a whole number >= 1; slurmjobs.jobs takes digits
     only): anything else is a usage error, said before the cluster is asked."""
-    if not (job_id.isascii() and job_id.isdigit() and int(job_id) >= 1):
-        raise usage_error(f"ID must be a job id as `launch jobs` lists them, a whole number >= 1; got {job_id!r}")
+    # Slurm's job ids are unsigned 32-bit numbers (slurm.conf(5), MaxJobId: "Job ids are unsigned 32bit integers");
+    # a longer one is no job, said before int() meets 4,300 digits (Python's int-from-string limit).
+    digits = job_id.lstrip("0") if job_id.isascii() and job_id.isdigit() else ""
+    if not (digits and len(digits) <= 10 and int(digits) <= 2**32 - 1):
+        raise usage_error(f"ID must be a job id as `launch jobs` lists them, a whole number from 1 to "
+                          f"{2**32 - 1:,}; got {job_id!r}")
     return str(int(job_id))  # 007 is job 7
 
 
@@ -57,7 +61,7 @@ def jobs_(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pro
     check_aws_options(region, profile)
     found = slurmjobs.jobs(resolve(cluster, region, profile, reach=True))
     if as_json:
-        print(json.dumps([j.as_json() for j in found], indent=1))
+        print(json.dumps([j.as_json() for j in found], indent=1, allow_nan=False))  # strict JSON (RFC 8259)
         return
     if not found:
         console.print("no jobs")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from launcher import cluster as clusters
-from launcher.cli.common import check_named, console, usage_error
+from launcher.cli.common import check_cluster_name, console, usage_error
 from launcher.errors import LaunchError
 from launcher.local import backend as local
 
@@ -67,7 +67,7 @@ def local_down(cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local
     """Stop the local cluster's nodes and remove what `up` made (namespaces, bridge, state)."""
     from launcher.local import rehearsal_cluster as local_rehearsal
 
-    check_named("--cluster", cluster, "a name")  # '' is no cluster (the other commands say the same)
+    check_cluster_name("--cluster", cluster)  # '' is no cluster (the other commands say the same)
     d = clusters.cluster_dir(cluster)
     if not (d / "cluster.json").exists() and local_rehearsal.leftovers(d):  # a crash mid-`up`
         stopped = local_rehearsal.remove(d)
@@ -85,7 +85,7 @@ def local_kill(node: str = typer.Argument(..., help="The node to stop, e.g. node
                cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local cluster name.")):
     """Stop a node as a reclaimed spot instance stops: all its processes at once, no clean shutdown (for tests and
     for rehearsing recovery; `launch local replace` boots it again)."""
-    check_named("--cluster", cluster, "a name")
+    check_cluster_name("--cluster", cluster)
     c = clusters.load(cluster)
     if c.backend != "local":
         raise LaunchError(f"cluster '{c.name}' is an AWS cluster; `launch local kill` stops local nodes only")
@@ -100,7 +100,7 @@ def local_reboot(node: str = typer.Argument(..., help="The node to reboot, e.g. 
     again; cloud-init does not run the user data again, and the units it enabled (munge, Slurm) come back."""
     from launcher.local import rehearsal_cluster
 
-    check_named("--cluster", cluster, "a name")
+    check_cluster_name("--cluster", cluster)
     c = clusters.load(cluster)
     if c.backend != "local" or c.rehearsal is None:
         raise LaunchError(f"cluster '{c.name}' has no rehearsal nodes; `launch local reboot` reboots those only")
@@ -117,7 +117,7 @@ def local_replace(nodes: list[str] = typer.Argument(None, metavar="[NODE]...",
                   cluster: str = typer.Option(local.LOCAL, "--cluster", help="Local cluster name.")):
     """Start dead nodes afresh with a new host key (pinned, the old one removed), as an Auto Scaling group replaces
     an instance; a rehearsal node keeps its address and port 22, a --loopback node gets a new port."""
-    check_named("--cluster", cluster, "a name")
+    check_cluster_name("--cluster", cluster)
     c = clusters.load(cluster)
     if c.backend != "local":
         raise LaunchError(f"cluster '{c.name}' is an AWS cluster; its Auto Scaling groups replace instances and "
@@ -146,7 +146,7 @@ def local_fault(node: str = typer.Argument(..., help="The node, e.g. node1 (not 
     from launcher.local import faults
     from launcher.plans import faultdrill
 
-    check_named("--cluster", cluster, "a name")
+    check_cluster_name("--cluster", cluster)
     c = clusters.load(cluster)
     if c.backend != "local":
         raise usage_error(f"cluster '{c.name}' is an AWS cluster; fault drills are for local clusters")
