@@ -267,7 +267,13 @@ def main(args: list[str] | None = None) -> int:
     if restart and not a.no_resume and "--resume" not in mpirun:
         mpirun = [*mpirun, "--resume"]
     wait_whole(hosts)
-    code, lines, stopped = run_step(mpirun, a.stall_timeout)
+    from launcher.execute import progresswatch
+
+    watcher = progresswatch.Watcher(Path(a.output), say).start()  # names a straggler while the run goes on
+    try:
+        code, lines, stopped = run_step(mpirun, a.stall_timeout)
+    finally:
+        watcher.stop()
     if code == 0 and not stopped:
         say(f"job {job_id} finished")
         return 0

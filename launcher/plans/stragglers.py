@@ -1,0 +1,137 @@
+"""Which node slows a synchronous data-parallel run, and in which phase; which ranks stopped moving, and where.
+
+Every rank records, per step, the time it spent waiting for data, in forward, in backward and in the optimizer's
+step (training/progress.py writes them; nothing here adds a collective). In synchronous training every rank leaves a
+step together: a fast rank waits for the slow one inside the gradient reduction (Horovod's allreduce completes in
+``optimizer.step()``, DDP's in ``backward()``: PyTorch's DDP notes, "Backward Pass"), so a step's length names no
+one. What a rank does alone does: the data it waits for and its forward pass involve no other rank. A node is a
+straggler when that local time, the median over its ranks, stays above FACTOR x the median of the other nodes for
+WINDOW steps in a row; the phase named is the local one (data or forward) that exceeds the others' most.
+
+FACTOR and WINDOW: on the local cluster's CPU ranks, two healthy nodes' local times differ by up to ~1.25x from step
+to step (shared cores, the loader's workers), and a node held to 30% of its CPU takes ~3x; 1.5x over 8 steps names
+the second within a few steps of the window and never the first. A GPU node's local time varies far less; the same
+defaults hold, and --straggler-factor can tighten them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+FACTOR = 1.5
+WINDOW = 8
+FIELDS = ("step", "start", "data", "forward", "backward", "optimizer")
+LOCAL_PHASES = ("data", "forward")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One rank's step: its number, when it began (seconds since the epoch), and each phase's seconds."""
+
+    step: int
+    start: float
+    data: float
+    forward: float
+    backward: float
+    optimizer: float
+
+    @property
+    def local(self) -> float:
+        return self.data + self.forward
+
+
+@dataclass(frozen=True)
+class Straggler:
+    node: str
+    ranks: tuple[int, ...]
+    ratio: float            # its local time over the others' median, the least over the window
+    since_step: int
+    phase: str              # data or forward
+
+    def line(self) -> str:
+        ranks = ",".join(map(str, self.ranks))
+        return (f"straggler: {self.node} (rank {ranks}) is {self.ratio:.1f}x slower than the other nodes in "
+                f"{'waiting for data' if self.phase == 'data' else 'forward (compute)'} since step {self.since_step}")
+
+
+def parse(line: str) -> StepTime | None:
+    """A line of a rank's progress file (tab-separated FIELDS); None for a torn or foreign line."""
+    parts = line.rstrip("\n").split("\t")
+    if len(parts) != len(FIELDS):
+        return None
+    try:
+        step = int(parts[0])
+        rest = [float(p) for p in parts[1:]]
+    except ValueError:
+        return None
+    if step < 0 or any(not (v >= 0) for v in rest):
+        return None
+    return StepTime(step, *rest)
+
+
+def format_line(t: StepTime) -> str:
+    return f"{t.step}\t{t.start:.3f}\t{t.data:.6f}\t{t.forward:.6f}\t{t.backward:.6f}\t{t.optimizer:.6f}\n"
+
+
+def find(times: Mapping[int, Iterable[StepTime]], nodes: Mapping[int, str], *, factor: float = FACTOR,
+         window: int = WINDOW) -> list[Straggler]:
+    """The stragglers among the nodes, from each rank's recent steps (``nodes``: rank -> node). Only steps every
+    rank has recorded count; fewer than two nodes, or fewer than ``window`` such steps, name no one."""
+    by_rank = {r: {t.step: t for t in ts} for r, ts in times.items() if r in nodes}
+    if len({nodes[r] for r in by_rank}) < 2:
+        return []
+    common = sorted(set.intersection(*(set(s) for s in by_rank.values())))[-window:]
+    if len(common) < window:
+        return []
+    node_ranks: dict[str, list[int]] = {}
+    for r in sorted(by_rank):
+        node_ranks.setdefault(nodes[r], []).append(r)
+
+    def node_phase(node: str, step: int, phase: str) -> float:
+        return statistics.median(getattr(by_rank[r][step], phase) for r in node_ranks[node])
+
+    found = []
+    for node, ranks in node_ranks.items():
+        ratios, excess = [], dict.fromkeys(LOCAL_PHASES, 0.0)
+        for step in common:
+            mine = node_phase(node, step, "data") + node_phase(node, step, "forward")
+            others = statistics.median(node_phase(o, step, "data") + node_phase(o, step, "forward")
+                                       for o in node_ranks if o != node)
+            ratios.append(mine / others if others > 0 else (float("inf") if mine > 0 else 1.0))
+            for phase in LOCAL_PHASES:
+                excess[phase] += node_phase(node, step, phase) - statistics.median(
+                    node_phase(o, step, phase) for o in node_ranks if o != node)
+        if min(ratios) > factor:
+            found.append(Straggler(node, tuple(ranks), min(ratios), common[0], max(excess, key=excess.__getitem__)))
+    return found
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Ranks that stopped moving: each rank's last recorded step, grouped."""
+
+    behind: dict[int, int]        # rank -> its last step, for the ranks behind the furthest
+    ahead: tuple[int, ...]        # the ranks at the furthest step
+    step: int                     # the furthest step any rank recorded
+
+
+def stall(last: Mapping[int, int | None]) -> Stall:
+    """Where each rank stopped (its last recorded step; None: none recorded): the ranks behind are the ones the
+    others wait for in the next collective."""
+    steps = {r: (-1 if s is None else s) for r, s in last.items()}
+    top = max(steps.values(), default=-1)
+    return Stall(behind={r: s for r, s in sorted(steps.items()) if s < top},
+                 ahead=tuple(r for r, s in sorted(steps.items()) if s == top), step=top)
+
+
+def ranges(ranks: Iterable[int]) -> str:
+    """0,1,2,5,7,8 -> "0-2, 5, 7-8"."""
+    out: list[str] = []
+    for r in sorted(set(ranks)):
+        if out and out[-1].split("-")[-1] == str(r - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)
