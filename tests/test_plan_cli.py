@@ -405,3 +405,19 @@ def test_the_last_figures_the_model_can_count_are_planned_as_strict_json(args, t
         raise AssertionError(f"{constant} is not JSON")
 
     assert json.loads(out, parse_constant=refuse)["estimate"]["cost_usd"] > 0
+
+
+def test_a_price_the_model_cannot_count_is_this_machines_not_the_options(tmp_path, monkeypatch, capsys):
+    """A cached quote of $1e308/h made the cost inf: said as a price to check, exit 1 (nothing typed was wrong); an
+    inf one is no quote at all (the cache is ignored with a warning)."""
+    prices = tmp_path / "home" / "prices"
+    prices.mkdir(parents=True)
+    for usd, code, said in ((1e308, 1, "error: 1 x p4d.24xlarge: the cost comes to inf at $1e+308/h, beyond what the "
+                                       "model can count; check the price"),
+                            ("Infinity", 0, "warning: ignored the price cache")):
+        (prices / "us-east-1.json").write_text(
+            '{"region": "us-east-1", "quotes": [{"instance_type": "p4d.24xlarge", "market": "on-demand", '
+            f'"usd_per_hour": {usd}, "date": "2030-01-01", "source": "test"}}]}}')
+        got, out, err = launch_plan(["--nodes", "1", "--instance-type", "p4d.24xlarge", "--json"], tmp_path,
+                                    monkeypatch, capsys)
+        assert got == code and err.startswith(said), err

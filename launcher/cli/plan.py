@@ -71,6 +71,7 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     from launcher.cost.inputs import DEFAULT_TIER_TYPE, STRATEGIES, STRATEGY_LABELS
     from launcher.cost.model import Estimate, default_tier_nodes, tier_noun
     from launcher.cost.prices import MARKETS, PriceUnavailable
+    from launcher.cost.shape import PriceOutOfRange
     from launcher.plans import offline
     from training.schedule import default_warmup_epochs, lr_at, peak_lr, peak_step, warmup_problem
 
@@ -119,7 +120,7 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
             precision=precision, measured=figures, price=book.quote(workers.name, market),  # type: ignore[arg-type]
             tier_price=book.quote(tier.name, market) if tier else None,  # type: ignore[arg-type]
             constants=constants, resized_shards=resized_shards)
-    except PriceUnavailable as e:  # what this machine knows (no cached spot price), not the command line
+    except (PriceUnavailable, PriceOutOfRange) as e:  # what this machine knows (its price cache), not the options
         raise LaunchError(str(e)) from None
     except ValueError as e:  # a shape or option the plan cannot be made for (no GPUs, fewer images than a batch)
         raise usage_error(str(e)) from None
@@ -309,6 +310,7 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     from launcher.cost import report as costreport
     from launcher.cost import shell as costshell
     from launcher.cost.inputs import STRATEGY_LABELS
+    from launcher.cost.shape import PriceOutOfRange
 
     # Where the report goes is checked before anything is computed: '' (Path("") is ".": the current directory), a
     # file, a symbolic link loop or one to nothing is a bad --out.
@@ -342,7 +344,7 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     try:
         result = costreport.evaluate_grid(grid, workload, book, today=dt.date.today(), measured=figures,
                                           constants=constants)
-    except costreport.NothingPriced as e:  # what this machine knows (no spot price fetched), not the options
+    except (costreport.NothingPriced, PriceOutOfRange) as e:  # what this machine knows (its prices), not the options
         raise LaunchError(str(e)) from None
     except ValueError as e:  # BatchTooLarge, OutOfRange, a tier the model refuses: the options, as plan says them
         raise usage_error(str(e)) from None

@@ -208,7 +208,7 @@ class GpuThroughput(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    img_per_sec: float = Field(gt=0)
+    img_per_sec: float = Field(gt=0, allow_inf_nan=False)  # a recorded inf is ignored with the file, not priced
     source: str
     batch_per_gpu: int | None = Field(None, gt=0, description="the per-GPU batch of the published figure")
 

@@ -68,7 +68,7 @@ class PriceQuote(BaseModel):
 
     instance_type: str
     market: Market
-    usd_per_hour: float = Field(gt=0)
+    usd_per_hour: float = Field(gt=0, allow_inf_nan=False)
     date: dt.date = Field(description="the day the price was observed in its source")
     source: str = Field(min_length=1)
     region: str = REGION

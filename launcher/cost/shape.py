@@ -47,6 +47,10 @@ class OutOfRange(ValueError):
     section 6: "Infinity and NaN are not permitted")."""
 
 
+class PriceOutOfRange(OutOfRange):
+    """The price this machine has (a cached quote), not an option, is what makes the cost infinite."""
+
+
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -55,9 +59,16 @@ def finite(estimate: Model) -> Model:
     for name, value in estimate:
         if isinstance(value, float) and not math.isfinite(value):
             what = name.removesuffix("_s").removesuffix("_usd").replace("_", " ")
+            shape = getattr(estimate, "shape", "the shape")
+            hourly = getattr(estimate, "cluster_usd_per_hour", math.nan)
+            hours = getattr(estimate, "time_to_train_s", math.nan) / 3600
+            if "usd" in name and math.isfinite(hours) and hourly > hours:  # the price is the larger factor
+                raise PriceOutOfRange(f"{shape}: the {what} comes to {value:g} at ${hourly:g}/h, beyond what the model "
+                                      f"can count; check the price (`launch cost --refresh-prices` rewrites the "
+                                      f"cache)")
             rate, unit = getattr(estimate, "gpu_images_per_sec", math.nan), getattr(estimate, "rate_unit", "")
             source = str(getattr(estimate, "throughput_source", "")).split(":")[0]
-            raise OutOfRange(f"{getattr(estimate, 'shape', 'the shape')}: the {what} comes to {value:g}, beyond what "
-                             f"the model can count (per-GPU throughput {rate:g} {unit}, {source}); give a larger "
-                             f"per-GPU throughput, or fewer samples, parameters or GFLOP per sample")
+            raise OutOfRange(f"{shape}: the {what} comes to {value:g}, beyond what the model can count (per-GPU "
+                             f"throughput {rate:g} {unit}, {source}); give a larger per-GPU throughput, or fewer "
+                             f"samples, parameters or GFLOP per sample")
     return estimate
