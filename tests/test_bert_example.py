@@ -144,8 +144,46 @@ def run_example(*args: str, **env: str) -> subprocess.CompletedProcess:
     ([], {"SCALETRAIN_ENGINE": "nccl"}, "error: SCALETRAIN_ENGINE=nccl: choose one of horovod, ddp, reducer"),
     ([], {"SCALETRAIN_ENGINE": "horovod", "RANK": "0", "WORLD_SIZE": "2"}, "error: SCALETRAIN_ENGINE=horovod needs "
                                                                            "mpirun"),
+    # Issue 33 item 6: each trained (NaN, a negative rate) or ended in a traceback.
+    (["--lr", "nan"], {}, "error: --lr must be a finite number >= 0 (0: the size's), got nan"),
+    (["--lr", "inf"], {}, "error: --lr must be a finite number >= 0 (0: the size's), got inf"),
+    (["--lr", "-1"], {}, "error: --lr must be a finite number >= 0 (0: the size's), got -1"),
+    (["--dropout", "1"], {}, "error: --dropout must be a probability from 0 up to (not including) 1, got 1"),
+    (["--dropout", "nan"], {}, "error: --dropout must be a probability from 0 up to (not including) 1, got nan"),
+    (["--dropout", "-0.1"], {}, "error: --dropout must be a probability from 0 up to (not including) 1, got -0.1"),
+    (["--warmup", "-1"], {}, "error: --warmup must be >= 0 steps, got -1"),
+    (["--output", "/dev/null"], {}, "error: --output /dev/null is a file, not a directory"),
+    (["--output", "/dev/null/run"], {}, "error: --output /dev/null/run: cannot write in /dev/null"),
 ])
 def test_bad_input_is_one_line(args, env, line):
     proc = run_example("--steps", "1", *args, **env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
+
+
+@pytest.mark.parametrize(("lr", "dropout"), [("0", "0"), ("1e-4", "0.99")])
+def test_the_edges_of_the_ranges_are_allowed(lr, dropout):
+    """The other side of the boundaries above: --lr 0 (the size's) and a dropout just under 1."""
+    args = pretrain.parse_args(["--lr", lr, "--dropout", dropout, "--warmup", "0"])
+    assert (args.lr, args.dropout, args.warmup) == (float(lr), float(dropout), 0)
+
+
+def test_ctrl_c_is_one_line_and_130(tmp_path):
+    """Ctrl-C mid-run: one line and the status a shell gives SIGINT, no KeyboardInterrupt traceback."""
+    import signal
+    import time
+
+    clean = {k: v for k, v in os.environ.items() if k not in LAUNCHERS}
+    proc = subprocess.Popen([sys.executable, str(EXAMPLE / "pretrain.py"), "--steps", "100000", "--log-every", "1",
+                             "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**clean, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline().startswith("pretraining BERT-tiny")
+        assert proc.stdout.readline().startswith("step 1 loss")
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err == "error: interrupted\n", (proc.returncode, err)

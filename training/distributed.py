@@ -11,6 +11,8 @@
         loss_fn(model(batch)).backward()
         distributed.step(opt)                            # the optimizer sees the mean gradient of every rank
     distributed.shutdown()
+    ...
+    distributed.leave(1, "error: ...")                   # any other way out of a rank: its line, its status, now
 
 The engines are training/engine.py's (Horovod, torch.distributed DDP) and training/reducer.py's (the reducer tier of
 seed 004); this module only chooses one and hands its calls on. docs/your-code.md says more.
@@ -47,9 +49,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -164,6 +168,39 @@ class SingleProcess:
 _engine: Any = None
 
 
+def leave(status: int, line: str = "") -> NoReturn:
+    """End this process now with `status`, after `line` (one line on stderr; nothing when empty).
+
+    Every way out of a rank that did not call shutdown() goes through here: the trainer's, the reducer's, the BERT
+    example's and, through init()'s excepthook, a user's uncaught exception. A process whose torch.distributed (gloo)
+    group is still live must not leave through the interpreter's exit (sys.exit, a SystemExit, the end of an
+    uncaught exception): the group's C++ threads are still joinable when the runtime's destructors run, and the
+    process dies of SIGABRT ("terminate called without an active exception", exit -6) after its one line. PyTorch's
+    rule is to call destroy_process_group() before exiting ("Shutdown",
+    https://docs.pytorch.org/docs/stable/distributed.html#shutdown), but on an error path the other ranks may never
+    call it and the docs warn that a destroy "not called by all ranks ... within the timeout duration" can hang on
+    exit (NCCL aborts its communicators collectively). So: flush what was said, then os._exit, which runs no
+    destructor at all (https://docs.python.org/3/library/os.html#os._exit: "Exit the process with status n, without
+    calling cleanup handlers, flushing stdio buffers, etc."). mpirun sees the rank end and stops the others.
+    """
+    if line:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(line.rstrip("\n") + "\n")
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def _leave_on_uncaught(kind, value, tb) -> None:
+    """sys.excepthook while an engine is live: the traceback as Python prints it, then leave(1) instead of the
+    interpreter's exit (a KeyboardInterrupt: one line, 130, as a shell reports SIGINT)."""
+    if issubclass(kind, KeyboardInterrupt):
+        leave(130, "error: interrupted" if _engine is None or _engine.rank == 0 else "")
+    traceback.print_exception(kind, value, tb)
+    leave(1)
+
+
 def init(env: Mapping[str, str] | None = None):
     """Start the engine the environment names (see the table above) and return it; once per process."""
     global _engine
@@ -182,6 +219,8 @@ def init(env: Mapping[str, str] | None = None):
         _engine = engines.start(choice.engine)
     if torch.cuda.is_available():
         torch.cuda.set_device(_engine.local_rank)  # Distributed: one GPU per process, by its rank on the node
+    if choice.engine != "single":
+        sys.excepthook = _leave_on_uncaught  # a live group must not die in the interpreter's exit (see leave)
     return _engine
 
 
@@ -258,3 +297,4 @@ def shutdown() -> None:
     global _engine
     engine, _engine = _started(), None
     engine.shutdown()
+    sys.excepthook = sys.__excepthook__  # the group is gone: the interpreter's own exit is safe again

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from training import distributed
+
 BUCKET_BYTES = 25 * 2**20      # bytes of one fused bucket on the wire (DDP's default)
 TIMEOUT_S = 300.0              # a peer that does not answer within this long has stopped answering
 CONTROL_TIMEOUT = dt.timedelta(days=7)  # reducers wait between steps (validation, checkpoints) without a limit
@@ -305,9 +307,8 @@ class ReducerEngine:
         self._thread.join()
         self._thread = None
         if isinstance(self._error, PeerStopped) and self.exit_on_peer_stop:
-            # Said already, in one line; no orderly shutdown, so mpirun stops the other ranks (see train.main).
-            sys.stdout.flush()
-            os._exit(1)
+            # Said already, in one line; no orderly shutdown, so mpirun stops the other ranks (distributed.leave).
+            distributed.leave(1)
         if self._error is not None:
             raise self._error
 
@@ -444,13 +445,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--workers must be >= 1, got {args.workers}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    rank = _env_int("OMPI_COMM_WORLD_RANK", _env_int("RANK", 0))
     try:
         world = join("reducer", workers=args.workers, timeout_s=args.timeout_s)
         serve(world, die_after_steps=args.die_after_steps, timeout_s=args.timeout_s)
-    except RuntimeError as e:  # PeerStopped included
-        rank = _env_int("OMPI_COMM_WORLD_RANK", _env_int("RANK", 0))
-        print(f"error: reducer rank {rank}: {_first_line(e)}", file=sys.stderr, flush=True)
-        os._exit(1)
+    except RuntimeError as e:  # PeerStopped included; its gloo group is live (distributed.leave says why that matters)
+        distributed.leave(1, f"error: reducer rank {rank}: {_first_line(e)}")
+    except KeyboardInterrupt:  # Ctrl-C reaches the reducers too: the workers' rank 0 says it, they end quietly
+        distributed.leave(130)
     return 0
 
 

@@ -31,10 +31,22 @@ from bert import SIZES, BertMLM, Vocab, corpus, count_params, mask_tokens, mlm_l
 from training import distributed  # noqa: E402
 
 
+class PretrainError(RuntimeError):
+    """A verdict about this run's input, one line; every rank that reached it says it and exits `status`."""
+
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
+def _rank() -> int:
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")) or 0)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         """One line, said by the first rank only (every rank parses the same options), then exit 2."""
-        if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")) == "0":
+        if _rank() == 0:
             print(f"error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
 
@@ -71,7 +83,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--seq-len must be 3 to {size.positions} for --size {args.size}, got {args.seq_len}")
     if args.dump_rank_params and not args.output:
         p.error("--dump-rank-params needs --output")
+    if problem := number_problem(args):
+        p.error(problem)
     return args
+
+
+def number_problem(args: argparse.Namespace) -> str | None:
+    """The first hyperparameter out of its range, as the user types it; None when all are in range.
+
+    AdamW's learning rate must be >= 0 (torch.optim.AdamW raises "Invalid learning rate" below it,
+    https://docs.pytorch.org/docs/stable/generated/torch.optim.AdamW.html) and here 0 means the size's; dropout is a
+    probability of zeroing, "p – probability of an element to be zeroed. Default: 0.5" in [0, 1)
+    (https://docs.pytorch.org/docs/stable/generated/torch.nn.Dropout.html; 1 zeroes everything). NaN passes every
+    comparison but `math.isfinite`, so it is checked first."""
+    if not math.isfinite(args.lr) or args.lr < 0:
+        return f"--lr must be a finite number >= 0 (0: the size's), got {args.lr:g}"
+    if not math.isfinite(args.dropout) or not 0 <= args.dropout < 1:
+        return f"--dropout must be a probability from 0 up to (not including) 1, got {args.dropout:g}"
+    if args.warmup < 0:
+        return f"--warmup must be >= 0 steps, got {args.warmup}"
+    if args.threads < 0:
+        return f"--threads must be >= 0, got {args.threads}"
+    return None
+
+
+def output_problem(output: str) -> str | None:
+    """Why rank 0 could not write summary.json under --output (a file there, a directory it cannot write), checked on
+    every rank before the first step; None when it can (or when there is no --output)."""
+    if not output:
+        return None
+    path = Path(output)
+    if path.exists() and not path.is_dir():
+        return f"--output {output} is a file, not a directory"
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return f"--output {output}: cannot write in {existing} (permission denied or a read-only file system)"
+    return None
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -120,11 +167,11 @@ def pretrain(args: argparse.Namespace) -> dict:
         mine = hashlib.sha256(json.dumps(vocab.tokens).encode() + data.numpy().tobytes()).hexdigest()
         differs = mine != distributed.broadcast_object(mine, name="text.sha256")
         if int(distributed.allreduce(torch.tensor([float(differs)]), "sum", name="text.differs")):
-            raise SystemExit("error: the ranks' Pythons ship different reference manuals (pydoc_data), so their "
-                             "words would differ; run every rank on one image, or use --synthetic")
+            raise PretrainError("the ranks' Pythons ship different reference manuals (pydoc_data), so their "
+                                "words would differ; run every rank on one image, or use --synthetic")
         if len(data) < args.batch * world:
-            raise SystemExit(f"error: {len(data)} sequences of {args.seq_len} tokens for {world} ranks of "
-                             f"--batch {args.batch}; use a smaller --batch or --seq-len")
+            raise PretrainError(f"{len(data)} sequences of {args.seq_len} tokens for {world} ranks of "
+                                f"--batch {args.batch}; use a smaller --batch or --seq-len", status=2)
         stream, vocab_len = batches(data, args.batch, rank, world, args.seed), len(vocab)
         source = f"{len(data)} sequences of the Python reference manual, {len(vocab)} words"
 
@@ -169,7 +216,7 @@ def pretrain(args: argparse.Namespace) -> dict:
             # Distributed: the logged loss is the mean over the ranks.
             mean = float(distributed.allreduce(window_loss.cpu() / n, "mean", name="log.loss"))
             if not math.isfinite(mean):
-                raise SystemExit(f"error: the loss is {mean} at step {step + 1}; try a smaller --lr")
+                raise PretrainError(f"the loss is {mean} at step {step + 1}; try a smaller --lr")
             now = time.perf_counter()
             seqs = n * args.batch * world / (now - window)
             if step + 1 > args.log_every:  # the first window holds the warm-up
@@ -200,12 +247,19 @@ def pretrain(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """0 after a finished run; every other way out ends the process through distributed.leave (a rank with a live
+    process group must not go through the interpreter's exit: training/distributed.py says why)."""
     args = parse_args(argv)
+    if problem := output_problem(args.output):  # every rank reaches the same verdict; rank 0 says it
+        distributed.leave(2, f"error: {problem}" if _rank() == 0 else "")
     try:
         pretrain(args)
     except distributed.DistributedError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        distributed.leave(2, f"error: {e}")
+    except PretrainError as e:
+        distributed.leave(e.status, f"error: {e}")
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: rank 0 says it, all end as a shell reports SIGINT
+        distributed.leave(130, "error: interrupted" if _rank() == 0 else "")
     return 0
 
 
