@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training import convert
+from training import shards as shard_format
 from training.transforms import collate, train_geometry, train_transform, val_transform
 
 SHUFFLE_BUFFER = 2000  # samples (encoded) each worker holds to shuffle across shard boundaries
@@ -82,10 +83,11 @@ def undecodable(shard: str, key: str, exc: Exception) -> DataError:
     return DataError(f"{shard}: {key}.jpg cannot be decoded: {' '.join(str(exc).split())}")
 
 
-def load_manifest(data: Path) -> dict:
-    """The shards' manifest.json, checked (training.convert owns the format)."""
+def load_manifest(data: Path, *, training: bool = False) -> dict:
+    """The shards' manifest.json, checked by training.shards' model of it (`training`: with what the trainer needs
+    on top, at least 2 classes)."""
     try:
-        return convert.load_manifest(data)
+        return shard_format.load_manifest(data, training=training)
     except ValueError as e:
         raise DataError(str(e)) from None
 
@@ -103,9 +105,31 @@ def steps_per_epoch(shards: list[dict], world: int, batch: int) -> int:
     return min(sum(s["count"] for s in rank_shards(shards, r, world)) // batch for r in range(world))
 
 
-def read_shard(path: Path) -> Iterator[tuple[str, bytes, int]]:
-    """(key, jpeg bytes, class index) for each sample, in shard order."""
+class ShardRef(NamedTuple):
+    """A shard as the manifest lists it: where it is, and what it must hold (None: not checked)."""
+
+    path: Path
+    count: int | None = None      # samples
+    bytes: int | None = None      # file size
+    classes: int | None = None    # labels are 0 .. classes - 1
+
+
+def read_shard(ref: ShardRef | Path) -> Iterator[tuple[str, bytes, int]]:
+    """(key, jpeg bytes, class index) for each sample, in shard order, the shard held to what the manifest says of
+    it: its size before a byte is read, each label as it is read, its sample count at its end. A shard changed since
+    conversion would otherwise be a wrong number of steps, or a label the loss indexes out of range."""
+    ref = ref if isinstance(ref, ShardRef) else ShardRef(Path(ref))
+    path = ref.path
+    if ref.bytes is not None:
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise DataError(f"{path.name}: cannot be read: {exc.strerror or exc}") from None
+        if size != ref.bytes:
+            raise DataError(f"{path.name}: {size} bytes where the manifest says {ref.bytes}: the shard changed after "
+                            f"conversion (cut short, or replaced); convert the data again")
     pending: dict[str, dict[str, bytes]] = {}
+    count = 0
     try:
         with tarfile.open(path) as tar:
             for member in tar:
@@ -118,11 +142,21 @@ def read_shard(path: Path) -> Iterator[tuple[str, bytes, int]]:
                 sample = pending[key]
                 if "jpg" in sample and "cls" in sample:
                     del pending[key]
-                    yield key, sample["jpg"], int(sample["cls"])
+                    label = int(sample["cls"])
+                    if ref.classes is not None and not 0 <= label < ref.classes:
+                        raise DataError(f"{path.name}: {key}.cls is {label}, outside the manifest's {ref.classes} "
+                                        f"classes (0 to {ref.classes - 1})")
+                    count += 1
+                    yield key, sample["jpg"], label
     except (OSError, tarfile.TarError, ValueError) as exc:
+        if isinstance(exc, DataError):
+            raise
         raise DataError(f"{path.name}: unreadable shard: {' '.join(str(exc).split())}") from None
     if pending:
         raise DataError(f"{path.name}: samples without both .jpg and .cls: {', '.join(sorted(pending)[:3])}")
+    if ref.count is not None and count != ref.count:
+        raise DataError(f"{path.name}: holds {count} samples where the manifest says {ref.count}; convert the data "
+                        f"again")
 
 
 class ShardStream(IterableDataset):
@@ -131,13 +165,14 @@ class ShardStream(IterableDataset):
     Yields (images uint8 NCHW, labels int64, full) with `full` False only for a worker's last, short batch.
     """
 
-    def __init__(self, paths: list[Path], size: int, batch: int, train: bool, seed: int = 0, epoch: int = 0,
+    def __init__(self, paths: list[ShardRef | Path], size: int, batch: int, train: bool, seed: int = 0, epoch: int = 0,
                  rank: int = 0, shuffle_buffer: int = SHUFFLE_BUFFER, encoded: bool = False):
-        self.paths, self.size, self.batch, self.train = paths, size, batch, train
+        self.paths = [p if isinstance(p, ShardRef) else ShardRef(Path(p)) for p in paths]
+        self.size, self.batch, self.train = size, batch, train
         self.seed, self.epoch, self.rank, self.shuffle_buffer = seed, epoch, rank, shuffle_buffer
         self.encoded = encoded and train  # validation decodes on the CPU either way
 
-    def my_paths(self) -> tuple[list[Path], random.Random]:
+    def my_paths(self) -> tuple[list[ShardRef], random.Random]:
         """This worker's shards (reshuffled each epoch for training) and its random stream."""
         info = get_worker_info()
         wid, nworkers = (info.id, info.num_workers) if info else (0, 1)
@@ -146,15 +181,15 @@ class ShardStream(IterableDataset):
             random.Random(f"{self.seed}:{self.epoch}:{self.rank}").shuffle(paths)
         return paths[wid::nworkers], random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{wid}")
 
-    def samples(self, paths: list[Path], rng: random.Random) -> Iterator[tuple[str, bytes, int, Path]]:
+    def samples(self, paths: list[ShardRef], rng: random.Random) -> Iterator[tuple[str, bytes, int, Path]]:
         if not self.train:
             for p in paths:
-                yield from ((key, data, label, p) for key, data, label in read_shard(p))
+                yield from ((key, data, label, p.path) for key, data, label in read_shard(p))
             return
         buffer: list[tuple[str, bytes, int, Path]] = []
         for p in paths:
             for key, data, label in read_shard(p):
-                buffer.append((key, data, label, p))
+                buffer.append((key, data, label, p.path))
                 if len(buffer) >= self.shuffle_buffer:
                     yield buffer.pop(rng.randrange(len(buffer)))
         rng.shuffle(buffer)
@@ -177,6 +212,11 @@ class ShardStream(IterableDataset):
         return collate(items)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor | EncodedBatch, torch.Tensor, bool]]:
+        # The converter's pixel limit, not Pillow's: an image it accepted (up to shards.MAX_PIXELS) must decode here
+        # too. Pillow warns above Image.MAX_IMAGE_PIXELS (89 Mpx by default) and raises DecompressionBombError above
+        # twice that ("Image.open", https://pillow.readthedocs.io/en/stable/reference/Image.html#PIL.Image.open).
+        # Set in the process that decodes: each loader worker, or the rank itself with --workers 0.
+        Image.MAX_IMAGE_PIXELS = shard_format.MAX_PIXELS
         paths, rng = self.my_paths()
         items: list = []
         labels: list[int] = []
@@ -226,13 +266,14 @@ class Loader:
 
 def make_loader(data: Path, shards: list[dict], size: int, batch: int, train: bool, *, seed: int, epoch: int,
                 rank: int, workers: int, pin_memory: bool = False, shuffle_buffer: int = SHUFFLE_BUFFER,
-                decode: str = "cpu") -> Loader:
+                decode: str = "cpu", num_classes: int | None = None) -> Loader:
     """Batches of this rank's `shards` under `data`: training (augmented, shuffled, full batches only) or
     validation (every sample once, in order). decode="gpu": training batches are EncodedBatch, for
-    training.gpudecode (the workers only read and draw the geometry)."""
+    training.gpudecode (the workers only read and draw the geometry). Each shard is held to its manifest entry's
+    count and bytes, and its labels to `num_classes` (the manifest's class count) when given."""
     if decode not in DECODERS:
         raise ValueError(f"decode must be one of {', '.join(DECODERS)}, got {decode!r}")
-    paths = [Path(data) / s["name"] for s in shards]
+    paths = [ShardRef(Path(data) / s["name"], s.get("count"), s.get("bytes"), num_classes) for s in shards]
     stream = ShardStream(paths, size, batch, train, seed=seed, epoch=epoch, rank=rank, shuffle_buffer=shuffle_buffer,
                          encoded=decode == "gpu")
     return Loader(stream, min(workers, len(paths)), pin_memory and not stream.encoded, drop_last=train)

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import random
+import re
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Literal, TypeVar
 
 import PIL
 from PIL import Image
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from training import jpegresize
 from training.sample import OptionError  # an option out of its range, named as the user types it
@@ -274,17 +275,33 @@ def check_options(shard_size: int, resize: int | None, quality: int, workers: in
 # Reading a manifest back.
 
 
+# The manifest is the trainer's only description of its data: the steps per epoch come from its counts, the paths it
+# opens from its names, the labels' range from its class list. So every field is checked for what it is (strict:
+# a count of "5", 5.0 or true is refused, not coerced; https://docs.pydantic.dev/latest/concepts/strict_mode/).
+_SHARD_NAME = re.compile(r"(?P<split>[a-z]+)-\d{6}\.tar")  # shard_name's: a plain file name, no "/" or ".."
+
+
 class _Split(BaseModel):
-    samples: int
-    shards: int
+    model_config = ConfigDict(strict=True)
+    samples: int = Field(ge=0)
+    shards: int = Field(ge=0)
 
 
 class _Shard(BaseModel):
+    model_config = ConfigDict(strict=True)
     name: str
-    split: str
-    count: int
-    bytes: int
+    split: Literal[SPLITS]  # type: ignore[valid-type]  # train, val: training.sources.SPLITS
+    count: int = Field(ge=1)  # an empty shard has no file: build_manifest names it in empty_shards instead
+    bytes: int = Field(ge=1)
     sha256: str
+
+    @model_validator(mode="after")
+    def _named_as_written(self) -> _Shard:
+        match = _SHARD_NAME.fullmatch(self.name)
+        if match is None or match["split"] != self.split:
+            raise ValueError(f"shard name {self.name!r} is not {self.split}-NNNNNN.tar (a file in the shards "
+                             f"directory, named for its split)")
+        return self
 
 
 class _Rejected(BaseModel):
@@ -305,17 +322,39 @@ class _Options(BaseModel):
 class _Manifest(BaseModel):
     format: Literal["webdataset"]
     version: Literal[1]
-    classes: list[str]
-    splits: dict[str, _Split]
+    classes: list[str] = Field(min_length=1)  # a label is an index into it
+    splits: dict[Literal[SPLITS], _Split]  # type: ignore[valid-type]
     shards: list[_Shard]
     empty_shards: list[str] = []  # planned shards every input of was rejected: no file (build_manifest)
     rejected: list[_Rejected]
     options: _Options
     plan_sha256: str | None = None
 
+    @field_validator("classes")
+    @classmethod
+    def _classes_once_each(cls, classes: list[str]) -> list[str]:
+        if twice := sorted({c for c in classes if classes.count(c) > 1}):
+            raise ValueError(f"class {twice[0]!r} is listed twice; a class's index is its place in the list")
+        return classes
 
-def load_manifest(directory: Path) -> dict:
-    """The manifest under `directory`, checked; ValueError with a one-line message if missing or invalid."""
+    @field_validator("shards")
+    @classmethod
+    def _shards_once_each(cls, shards: list[_Shard]) -> list[_Shard]:
+        names = [s.name for s in shards]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"shard {twice[0]} is listed twice; its samples would be read twice an epoch")
+        return shards
+
+
+class _TrainingManifest(_Manifest):
+    """What the trainer needs on top: something to tell apart (`launch data sample --classes` asks for 2 too)."""
+
+    classes: list[str] = Field(min_length=2)
+
+
+def load_manifest(directory: Path, *, training: bool = False) -> dict:
+    """The manifest under `directory`, checked (`training`: also what the trainer needs); ValueError with a one-line
+    message if missing, unreadable or invalid."""
     path = Path(directory) / MANIFEST
     try:
         data = json.loads(path.read_text())
@@ -323,10 +362,16 @@ def load_manifest(directory: Path) -> dict:
         raise ValueError(f"{path} not found; convert the data set first (launch data convert)") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, not text
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ValueError(f"{path} cannot be read as the shards' manifest: {reason}") from None
     try:
-        _Manifest.model_validate(data)
+        (_TrainingManifest if training else _Manifest).model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"]) or "top level"
-        raise ValueError(f"{path} is not a valid shard manifest: {where}: {error['msg']}") from None
+        msg = error["msg"].removeprefix("Value error, ")
+        if training and where == "classes" and error["type"] == "too_short":
+            msg = f"{len(data['classes'])} class(es); training needs at least 2 (launch data sample --classes 2)"
+        raise ValueError(f"{path} is not a valid shard manifest: {where}: {msg}") from None
     return data
