@@ -140,3 +140,49 @@ def test_memory_format_and_compile_options(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--compile, --no-compile torch.compile the model in place, before the engine wraps it" in help_text
     assert "--memory-format {auto,channels_last,contiguous} auto (channels_last on GPU, contiguous on CPU)" in help_text
+
+
+# Issue 33 item 6: each real-valued hyperparameter at its boundary, on both sides. NaN passes no comparison, so every
+# rule must be written as what the value must be; these all trained (or ended in a traceback) before.
+@pytest.mark.parametrize(("flag", "bad", "good", "message"), [
+    ("--lr-per-256", ["nan", "inf", "-1", "0"], ["1e-9", "0.1"], "--lr-per-256 must be"),
+    ("--momentum", ["nan", "-1", "0", "1", "inf"], ["1e-6", "0.9", "0.999"], "--momentum must be"),
+    ("--weight-decay", ["-1", "nan", "inf", "-0.000001"], ["0", "1e-4"], "--weight-decay must be"),
+    ("--warmup-start", ["nan", "-1", "inf"], ["0", "0.001"], "--warmup-start must be"),
+    ("--label-smoothing", ["2", "1", "-0.1", "nan"], ["0", "0.99"], "--label-smoothing must be"),
+    ("--loss-scale", ["inf", "nan", "0", "-1", "huge"], ["1e30", "dynamic", "1024"], "--loss-scale must be"),
+    ("--initial-loss-scale", ["nan", "inf", "0.5"], ["1", "65536"], "--initial-loss-scale must be"),
+    ("--warmup-epochs", ["nan", "-0.5", "90"], ["0", "89.9"], "--warmup-epochs"),
+])
+def test_hyperparameters_out_of_range_are_one_line_before_the_first_step(flag, bad, good, message, capsys):
+    base = ["--synthetic", "--output", "o", "--epochs", "90"]
+    for value in good:
+        assert parse_args([*base, flag, value]) is not None
+    for value in bad:
+        with pytest.raises(SystemExit) as exit_:
+            parse_args([*base, flag, value])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {message}"), (value, err)
+
+
+def test_an_empty_output_is_refused_not_the_current_directory(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--synthetic", "--output", ""])
+    assert exit_.value.code == 2 and capsys.readouterr().err == "error: --output needs a run directory, got ''\n"
+    assert parse_args(["--synthetic", "--output", "r"]).output == "r"
+
+
+def test_data_and_output_paths_are_checked_as_this_rank_sees_them(tmp_path):
+    from training.options import paths_problem
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "shards").mkdir()
+    check = lambda *argv: paths_problem(parse_args([*argv]))  # noqa: E731
+    assert check("--data", str(tmp_path / "shards"), "--output", str(tmp_path / "new" / "run")) is None
+    assert check("--data", str(tmp_path / "shards"), "--output", str(tmp_path / "shards")) is None  # a directory
+    assert check("--data", str(tmp_path / "file"), "--output", str(tmp_path / "r")) == (
+        f"--data {tmp_path / 'file'} is a file; name the directory that holds manifest.json and the shards")
+    assert check("--synthetic", "--output", str(tmp_path / "file")) == (
+        f"--output {tmp_path / 'file'} is a file, not a directory; name a run directory")
+    assert check("--synthetic", "--output", str(tmp_path / "file" / "run")) == (
+        f"--output {tmp_path / 'file' / 'run'}: {tmp_path / 'file'} is a file, not a directory")

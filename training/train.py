@@ -9,150 +9,45 @@ Every distributed call goes through training/engine.py and is marked `# Distribu
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import inspect
 import json
 import os
 import random
 import re
+import signal
 import sys
 import tarfile
 import time
-from dataclasses import asdict, dataclass
+import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training import durable, gpudecode
+from training import distributed, durable, gpudecode
 from training import engine as engines
-from training.loader import DECODERS, DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
-from training.model import ARCHITECTURES, build_model
-from training.schedule import default_warmup_epochs, epochs_problem, lr_at, peak_lr, warmup_problem
+from training.checkpoint import CheckpointError, newest_checkpoint, output_problem, restore, save_atomic
+from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
+from training.model import build_model
+from training.options import Config, parse_args, paths_problem
+from training.schedule import lr_at, peak_lr
 from training.transforms import normalize
 
-
-@dataclass
-class Config:
-    data: str                       # directory with manifest.json and the shards (not needed with --synthetic)
-    output: str                     # run directory: metrics.jsonl, checkpoints, summary.json
-    model: str = "resnet50"         # architecture (ResNet v1.5)
-    image_size: int = 224           # px, square crops
-    epochs: int = 90                # passes over the training set
-    batch_per_gpu: int = 256        # images per rank per optimizer step (split over --backward-passes-per-step)
-    backward_passes_per_step: int = 1  # micro-batches per step; gradients are reduced once per step
-    lr_per_256: float = 0.1         # LR per 256 images, scaled linearly with the global batch
-    warmup_epochs: float | None = None  # linear warmup to the peak, in epochs; unset: 10 per 90 --epochs (seed 000)
-    warmup_start: float = 0.001     # LR at step 0
-    decay: str = "poly"             # poly (power 2, seed 000) or cosine
-    momentum: float = 0.9           # Nesterov
-    weight_decay: float = 1e-4      # L2 penalty in SGD
-    decay_bn_bias: bool = True      # False: no weight decay on BatchNorm parameters and biases
-    label_smoothing: float = 0.0    # 0 = plain cross-entropy (seed 000); 0.1 is common
-    zero_gamma: bool = True         # last BN gamma of each residual block starts at 0
-    precision: str = "auto"         # auto (fp16 on GPU, fp32 on CPU), fp32, bf16, fp16
-    memory_format: str = "auto"     # auto (channels_last on GPU, contiguous on CPU), channels_last, contiguous
-    compile: bool = False           # torch.compile the model in place, before the engine wraps it (first steps compile)
-    loss_scale: str = "dynamic"     # dynamic, or a number (seed 000: 1024) for a static scale
-    initial_loss_scale: float = 65536.0  # where dynamic scaling starts (halved on inf, doubled every 2000 steps)
-    engine: str = "horovod"         # horovod, ddp (torch.distributed: NCCL on GPU, gloo on CPU), or reducer
-    reducers: int = 0               # with --engine reducer: reducer processes started beside the workers (MPMD)
-    fp16_allreduce: bool = False    # fp16 gradient compression on the wire
-    val_every: int = 0              # validate every k epochs; 0 = once, at the end
-    workers: int = 2                # data loader processes per rank
-    decode: str = "cpu"             # where training JPEGs are decoded: cpu (loader processes) or gpu (nvJPEG)
-    threads: int = 0                # torch CPU threads per rank; 0 = OMP_NUM_THREADS or all cores / ranks
-    log_every: int = 10             # steps
-    seed: int = 0
-    resume: bool = False
-    synthetic: bool = False         # random uint8 batches made on the device: pure compute throughput
-    steps_per_epoch: int = 0        # 0 = as many as the data allows (100 with --synthetic)
-    num_classes: int = 1000         # with --synthetic only; otherwise the manifest's class list decides
-    tensorboard: bool = True        # write TensorBoard events when tensorboard is installed
-    dump_rank_params: bool = False  # each rank saves its final parameters (consistency checks)
-    checkpoint_to: str = ""         # s3://BUCKET/PREFIX: rank 0 copies each checkpoint there; --resume restores
-    aws_region: str = ""            # with --checkpoint-to: the bucket's region (the nodes have no AWS configuration)
-    aws_cli: str = ""               # with --checkpoint-to: the AWS CLI's absolute path (the image's /usr/local/bin/aws)
+__all__ = ["Config", "TrainError", "main", "parse_args", "train"]
 
 
 class TrainError(RuntimeError):
     """A problem with the run's inputs; one line for the user.
 
     `everywhere`: every rank reached the same verdict (rank 0 says it once); otherwise the rank that hit it
-    says it, prefixed with its rank.
+    says it, prefixed with its rank. `status`: the exit status, 2 for input found wrong before the first step.
     """
 
-    def __init__(self, message: str, everywhere: bool = True):
+    def __init__(self, message: str, everywhere: bool = True, status: int = 1):
         super().__init__(message)
-        self.everywhere = everywhere
-
-
-CHOICES = {"model": sorted(ARCHITECTURES), "decay": ["poly", "cosine"],
-           "precision": ["auto", "fp32", "bf16", "fp16"], "memory_format": ["auto", "channels_last", "contiguous"],
-           "engine": list(engines.ENGINES), "decode": list(DECODERS)}
-
-
-def _field_help() -> dict[str, str]:
-    """Each option's help is the comment beside its field in Config: one place says what an option means."""
-    return dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(Config), flags=re.M))
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """One line, said once (by rank 0), then every rank exits 2."""
-        if _rank() == 0:
-            print(f"error: {message}", file=sys.stderr, flush=True)
-        sys.exit(2)
-
-
-def parse_args(argv: list[str] | None = None) -> Config:
-    p = _Parser(prog="python -m training.train", description=__doc__.splitlines()[0],
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    helps = _field_help()
-    for name, default in asdict(Config(data="", output="")).items():
-        flag, kw = "--" + name.replace("_", "-"), {"help": helps.get(name, " ")}
-        if name == "output":
-            p.add_argument(flag, required=True, **kw)
-        elif isinstance(default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, **kw)
-        elif name in CHOICES:
-            p.add_argument(flag, default=default, choices=CHOICES[name], **kw)
-        else:
-            p.add_argument(flag, type=float if default is None else type(default), default=default, **kw)
-    cfg = Config(**vars(p.parse_args(argv)))
-    for name in ("epochs", "batch_per_gpu", "image_size", "log_every", "backward_passes_per_step", "num_classes",
-                 "initial_loss_scale"):
-        if getattr(cfg, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
-    for name in ("steps_per_epoch", "val_every", "threads", "workers"):
-        if getattr(cfg, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
-    if problem := epochs_problem(cfg.epochs):  # the ceiling `launch plan` and `launch cost` keep too
-        p.error(problem)
-    cfg.warmup_epochs = default_warmup_epochs(cfg.epochs) if cfg.warmup_epochs is None else cfg.warmup_epochs
-    if cfg.batch_per_gpu % cfg.backward_passes_per_step:
-        p.error(f"--batch-per-gpu {cfg.batch_per_gpu} must be a multiple of --backward-passes-per-step "
-                f"{cfg.backward_passes_per_step}")
-    if (cfg.engine == "reducer") != (cfg.reducers > 0):
-        p.error(f"--engine reducer needs --reducers K >= 1 (and only it takes them); got --engine {cfg.engine} "
-                f"--reducers {cfg.reducers}")
-    if problem := warmup_problem(cfg.warmup_epochs, cfg.epochs) or durable.check_options(
-            cfg.checkpoint_to, cfg.aws_region, cfg.aws_cli):
-        p.error(problem)
-    if not cfg.data and not cfg.synthetic:
-        p.error("--data is required (a directory made by `launch data convert`), unless --synthetic")
-    if cfg.synthetic and cfg.decode != "cpu":
-        p.error(f"--decode {cfg.decode} decodes shards; --synthetic reads none (leave --decode out)")
-    if cfg.loss_scale != "dynamic":
-        try:
-            scale = float(cfg.loss_scale)
-        except ValueError:
-            scale = 0.0
-        if not scale > 0:
-            p.error(f"--loss-scale must be 'dynamic' or a positive number, got '{cfg.loss_scale}'")
-    return cfg
+        self.everywhere, self.status = everywhere, status
 
 
 def accuracy_counts(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> list[int]:
@@ -169,26 +64,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay_bn_bias: boo
     no_decay = [p for p in model.parameters() if p.ndim <= 1]  # BN gamma/beta and every bias are 1-d
     decay = [p for p in model.parameters() if p.ndim > 1]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def newest_checkpoint(out: Path, model: str) -> tuple[Path, dict] | None:
-    """The newest checkpoint that loads; one made by another model is an error, not a silent restart."""
-    for path in sorted(out.glob("checkpoint-epoch*.pt"), reverse=True):
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception:  # a torn or corrupt file: fall back to the one before
-            continue
-        if state["config"]["model"] != model:
-            raise TrainError(f"checkpoint {path.name} was made by {state['config']['model']}, not {model}; "
-                             f"use another --output or the same --model")
-        return path, state
-    return None
-
-
-def save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def tensorboard_writer(enabled: bool, directory: Path):
@@ -238,17 +113,20 @@ def train(cfg: Config) -> dict:
         num_classes, train_shards, val_shards = cfg.num_classes, [], []
         steps = cfg.steps_per_epoch or 100
     else:
-        manifest = load_manifest(data)
+        try:  # checked whole (names, counts, splits, classes) before a step: training.shards.TrainingManifest
+            manifest = load_manifest(data, training=True)
+        except DataError as e:
+            raise TrainError(str(e), status=2) from None
         num_classes = len(manifest["classes"])
         train_shards, val_shards = shards_of(manifest, "train"), shards_of(manifest, "val")
         if len(train_shards) < world:
             raise TrainError(f"{len(train_shards)} training shard(s) for {world} ranks: every rank needs one; "
-                             f"convert with a smaller --shard-size")
+                             f"convert with a smaller --shard-size", status=2)
         steps = steps_per_epoch(train_shards, world, cfg.batch_per_gpu)
         if steps == 0:
             smallest = min(sum(s["count"] for s in rank_shards(train_shards, r, world)) for r in range(world))
             raise TrainError(f"--batch-per-gpu {cfg.batch_per_gpu} is larger than the {smallest} samples the "
-                             f"smallest rank holds; use a batch of at most {smallest}")
+                             f"smallest rank holds; use a batch of at most {smallest}", status=2)
         steps = min(steps, cfg.steps_per_epoch or steps)
     global_batch = cfg.batch_per_gpu * world
     peak = peak_lr(global_batch, cfg.lr_per_256)
@@ -275,10 +153,13 @@ def train(cfg: Config) -> dict:
     model, optimizer = engine.prepare(net, optimizer, fp16_allreduce=cfg.fp16_allreduce,
                                       backward_passes_per_step=passes)
 
+    # Rank 0 decides, before a step is trained, whether the run can start: --output writable, --checkpoint-to
+    # writable, the checkpoint to resume from whole and made for this model and data. Its verdict reaches every rank,
+    # so all stop together (exit 2, rank 0 says it).
     start_epoch, problem = 0, None
-    if cfg.checkpoint_to and rank == 0:
-        # Rank 0 proves it can write, read back and delete under --checkpoint-to before a step is trained; its
-        # verdict reaches every rank with the resume verdict below, so all stop together.
+    if rank == 0:
+        problem = output_problem(out)
+    if cfg.checkpoint_to and rank == 0 and problem is None:
         try:
             durable.probe(cfg.checkpoint_to, cfg.aws_cli, cfg.aws_region)
         except durable.DurableError as e:
@@ -287,32 +168,23 @@ def train(cfg: Config) -> dict:
         try:
             if cfg.checkpoint_to and (restored := durable.restore(out, cfg.checkpoint_to, cfg.aws_cli, cfg.aws_region)):
                 log(f"--resume: {restored}", flush=True)
-            found = newest_checkpoint(out, cfg.model)
-        except (TrainError, durable.DurableError) as e:
-            found, problem = None, str(e)
-        if found:
-            path, state = found
-            net.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scaler.load_state_dict(state["scaler"])
-            torch.set_rng_state(state["rng"]["torch"])
-            random.setstate(state["rng"]["python"])
-            np.random.set_state(state["rng"]["numpy"])
-            start_epoch = state["epoch"] + 1
-            log(f"resuming from {path.name}: epoch {start_epoch}, step {state['step'] + 1}", flush=True)
-        elif problem is None:
-            log(f"--resume: no checkpoint in {out}; starting from scratch", flush=True)
+            if found := newest_checkpoint(out, cfg.model):
+                start_epoch = restore(*found, net, optimizer, scaler, num_classes)
+                log(f"resuming from {found[0].name}: epoch {start_epoch}, step {found[1]['step'] + 1}", flush=True)
+            else:
+                log(f"--resume: no checkpoint in {out}; starting from scratch", flush=True)
+        except (CheckpointError, durable.DurableError) as e:
+            problem = str(e)
     # Distributed: every rank learns rank 0's verdict, then its parameters, optimizer state, loss scale and epoch.
     start_epoch, problem = engine.broadcast_object((start_epoch, problem), "resume.verdict")
     if problem:
-        raise TrainError(problem)
+        raise TrainError(problem, status=2)
     engine.broadcast_state(net, optimizer)
     if scaler.is_enabled():
         scaler.load_state_dict(engine.broadcast_object(scaler.state_dict(), "scaler.state"))
 
     metrics = tb = uploader = None
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
         metrics = open(out / "metrics.jsonl", "a")  # noqa: SIM115 - closed at the end of the run
         tb = tensorboard_writer(cfg.tensorboard, out / "tensorboard")
         uploader = durable.Uploader(cfg.checkpoint_to, cfg.aws_cli, cfg.aws_region, log) if cfg.checkpoint_to else None
@@ -331,7 +203,7 @@ def train(cfg: Config) -> dict:
                                       row[key], row["step"])
 
     def validation(epoch: int, step: int, lr: float, loss) -> tuple:
-        top1, top5, count = validate(net, data, val_shards, cfg, device, memory_format, engine)
+        top1, top5, count = validate(net, data, val_shards, cfg, device, memory_format, engine, num_classes)
         if top1 is not None:
             record(epoch=epoch, step=step, lr=lr, loss=loss, images_per_sec=None, top1=top1, top5=top5)
             log(f"validation after epoch {epoch}: top-1 {top1:.2%} top-5 {top5:.2%} on {count} images", flush=True)
@@ -350,8 +222,8 @@ def train(cfg: Config) -> dict:
         else:
             batches = gpudecode.batches(make_loader(
                 data, rank_shards(train_shards, rank, world), cfg.image_size, cfg.batch_per_gpu, train=True,
-                seed=cfg.seed, epoch=epoch, rank=rank, workers=cfg.workers, pin_memory=cuda, decode=cfg.decode),
-                cfg.image_size, device)
+                seed=cfg.seed, epoch=epoch, rank=rank, workers=cfg.workers, pin_memory=cuda, decode=cfg.decode,
+                num_classes=num_classes), cfg.image_size, device)
         epoch_start = window_start = time.perf_counter()
         loss_sum, skipped = torch.zeros((), device=device), 0
         for i in range(steps):
@@ -363,6 +235,9 @@ def train(cfg: Config) -> dict:
                 images, labels = next(batches)
             except READ_ERRORS as e:
                 raise rank_local(e) from None
+            except StopIteration:  # the manifest promised more than the shards held (read_shard says which, mostly)
+                raise TrainError(f"the shards ran out at step {i + 1} of {steps} of epoch {epoch}: they hold fewer "
+                                 f"samples than the manifest says; convert the data again", everywhere=False) from None
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             optimizer.zero_grad()
             try:
@@ -449,14 +324,14 @@ def train(cfg: Config) -> dict:
 
 
 @torch.no_grad()
-def validate(net, data: Path, val_shards: list[dict], cfg: Config, device, memory_format, engine):
+def validate(net, data: Path, val_shards: list[dict], cfg: Config, device, memory_format, engine, num_classes: int):
     """Top-1 / top-5 over exactly the validation set: each rank its own shards, counts summed."""
     net.eval()
     mine = rank_shards(val_shards, engine.rank, engine.size)
     counts = torch.zeros(3, dtype=torch.float64)
     if mine:
         loader = make_loader(data, mine, cfg.image_size, cfg.batch_per_gpu, train=False, seed=cfg.seed,
-                             epoch=0, rank=engine.rank, workers=cfg.workers)
+                             epoch=0, rank=engine.rank, workers=cfg.workers, num_classes=num_classes)
         try:
             for images, labels in loader:
                 logits = net(normalize(images.to(device), memory_format)).float()
@@ -473,22 +348,47 @@ def validate(net, data: Path, val_shards: list[dict], cfg: Config, device, memor
 
 
 def _rank() -> int:
-    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")) or 0)
+
+
+_interrupted = False
+
+
+def _on_sigint(signum, frame) -> None:
+    """Python's own SIGINT handler (KeyboardInterrupt), remembering that it came: a loader worker that the same
+    Ctrl-C stopped may surface first, as the DataLoader's "worker exited unexpectedly"."""
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
+    """0 after a finished run. Every other way out goes through distributed.leave: one line, the status, and no
+    interpreter exit while a process group is live (training/distributed.py says why)."""
     cfg = parse_args(argv)
+    if problem := paths_problem(cfg):  # every rank sees the same shared storage: all stop, rank 0 says it
+        distributed.leave(2, f"error: {problem}" if _rank() == 0 else "")
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where a launcher made it ignored
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         train(cfg)
-    except (TrainError, DataError, gpudecode.GpuDecodeError) as e:
-        # A verdict every rank reached (same manifest, same options) is said once, by rank 0; a rank's own, by it.
-        everywhere = getattr(e, "everywhere", True)
-        if _rank() == 0 or not everywhere:
+    except BaseException as e:  # noqa: BLE001 - each kind ends below, with its line and status
+        if _interrupted or isinstance(e, KeyboardInterrupt):
+            # Ctrl-C reaches every rank (the terminal's process group, or mpirun/torchrun passing it on): rank 0
+            # says it once; 130 is how a shell reports SIGINT (128 + 2). save_atomic left no half checkpoint, and
+            # a metrics line is written whole, flushed, before the next begins.
+            distributed.leave(130, "error: interrupted" if _rank() == 0 else "")
+        if isinstance(e, (TrainError, DataError, gpudecode.GpuDecodeError)):
+            # A verdict every rank reached (same manifest, same options) is said once, by rank 0; a rank's own, by
+            # it. No orderly shutdown: mpirun sees a rank leave and stops the others instead of letting them wait.
+            everywhere = getattr(e, "everywhere", True)
             where = "" if everywhere else f"rank {_rank()}: "
-            print(f"error: {where}{e}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # No orderly MPI shutdown: mpirun sees a rank leave and stops the others instead of letting them wait.
-        os._exit(1)
+            distributed.leave(getattr(e, "status", 1), f"error: {where}{e}" if _rank() == 0 or not everywhere else "")
+        if isinstance(e, SystemExit):
+            distributed.leave(e.code if isinstance(e.code, int) else 1, "" if e.code is None or isinstance(
+                e.code, int) else str(e.code))
+        traceback.print_exc()  # a bug: its traceback, then out as cleanly as the rest
+        distributed.leave(1)
     return 0
 
 
