@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher.cluster import Node
@@ -169,8 +170,10 @@ def _record_unrecorded_loss(output: Path, restart: int) -> None:
         write_atomic(marker, f"{socket.gethostname()} {restart}\n")
 
 
-def run_step(argv: list[str], stall_s: float) -> tuple[int, list[str], str | None]:
-    """Run mpirun, relaying its lines; (exit code, lines, why it was stopped when the stall timeout did)."""
+def run_step(argv: list[str], stall_s: float,
+             on_stall: Callable[[], None] | None = None) -> tuple[int, list[str], str | None]:
+    """Run mpirun, relaying its lines; (exit code, lines, why it was stopped when the stall timeout did).
+    ``on_stall`` runs before a stalled run is stopped (the ranks' stacks are taken then)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             start_new_session=True)
     lines: queue.Queue[str | None] = queue.Queue()
@@ -194,6 +197,12 @@ def run_step(argv: list[str], stall_s: float) -> tuple[int, list[str], str | Non
         except queue.Empty:
             if stall_s and time.monotonic() - last > stall_s and stopped is None:
                 stopped = f"the job printed nothing for {stall_s:g} s (--stall-timeout): a rank stuck in a collective"
+                if on_stall is not None:
+                    say(f"{stopped}; taking every rank's stack before stopping it")
+                    try:
+                        on_stall()
+                    except Exception as e:  # the stacks are advice: the stop goes ahead
+                        say(f"could not take the ranks' stacks: {e}")
                 say(f"{stopped}; stopping it")
                 _end(proc)
             continue
@@ -270,8 +279,17 @@ def main(args: list[str] | None = None) -> int:
     from launcher.execute import progresswatch
 
     watcher = progresswatch.Watcher(Path(a.output), say).start()  # names a straggler while the run goes on
+
+    def located() -> None:
+        from launcher.execute import stacks
+
+        where = Path(a.output) / "stacks" / f"attempt-{restart + 1}"
+        for line in stacks.collect(hosts, job_id, where, watcher.last_steps(), watcher.nodes):
+            say(line)
+        say(f"every rank's stack: {where}")
+
     try:
-        code, lines, stopped = run_step(mpirun, a.stall_timeout)
+        code, lines, stopped = run_step(mpirun, a.stall_timeout, located)
     finally:
         watcher.stop()
     if code == 0 and not stopped:

@@ -36,6 +36,7 @@ class Watcher:
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, str] = {}
         self.named: dict[str, stragglers.Straggler] = {}
+        self._lock = threading.Lock()  # the thread's looks and the step's last_steps() read the same files
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="progress-watch")
 
@@ -54,6 +55,10 @@ class Watcher:
 
     def read_new(self) -> None:
         """Append what each rank wrote since the last look (a torn last line waits for its end)."""
+        with self._lock:
+            self._read_new()
+
+    def _read_new(self) -> None:
         if not self.dir.is_dir():
             return
         for path in sorted(self.dir.iterdir()):

@@ -1,0 +1,131 @@
+"""Every rank's Python stack, before a stalled job is stopped (launcher/plans/hangs.py says where they are).
+
+The job's step (jobstep.py) runs this module on each node of the allocation as a step of its own
+(``srun --overlap``: Slurm lets it share the CPUs mpirun's step holds, https://slurm.schedmd.com/srun.html#OPT_overlap),
+and the module, on the node, finds the ranks (the processes Open MPI started, with OMPI_COMM_WORLD_RANK in their
+environment; a loader worker, a child of its rank with the same environment, is left out) and dumps each with
+`py-spy dump` (https://github.com/benfred/py-spy), one JSON line per rank. A node that does not answer within the
+timeout (frozen, hung in the kernel) gives no line: its ranks are "no stack" in the summary.
+
+py-spy attaches with ptrace. Root (the rehearsal nodes' jobs) may; a user may trace its own processes only where the
+kernel's Yama ptrace_scope is 0, and Ubuntu's default is 1, descendants only
+(https://www.kernel.org/doc/html/latest/admin-guide/LSM/Yama.html). The image does not yet lift that for the AWS
+nodes' user (ptrace_scope 0, or CAP_SYS_PTRACE on py-spy): there a dump fails, the summary says "no stack", and the
+ranks' recorded steps still say which ones are behind.
+
+Run on a node as ``python -m launcher.execute.stacks``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+DUMP_TIMEOUT_S = 15
+
+
+def py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def ranks_here() -> dict[int, int]:
+    """rank -> pid of this node's rank processes (not their loader workers)."""
+    found: dict[int, tuple[int, int, bytes]] = {}  # pid -> (rank, parent, command line)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = Path(entry.path, "environ").read_bytes().split(b"\0")
+            stat = Path(entry.path, "stat").read_text()
+            cmdline = Path(entry.path, "cmdline").read_bytes()
+        except OSError:
+            continue
+        rank = next((v.split(b"=", 1)[1] for v in env if v.startswith(b"OMPI_COMM_WORLD_RANK=")), None)
+        if rank is None or not rank.isdigit():
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        found[int(entry.name)] = (int(rank), parent, cmdline)
+    out: dict[int, int] = {}
+    for pid, (rank, parent, _) in sorted(found.items()):
+        up = found.get(parent)
+        # A child of its own rank is a loader worker, unless its parent is `launch run`'s wrapper: then it is the
+        # user's command, the one that trains.
+        if up is not None and up[0] == rank and b"launcher.execute.userrank" not in up[2]:
+            continue
+        if b"launcher.execute.userrank" in found[pid][2]:
+            continue
+        out.setdefault(rank, pid)
+    return out
+
+
+def dump(pid: int, tool: str) -> str | None:
+    try:
+        r = subprocess.run([tool, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=DUMP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout if r.returncode == 0 and r.stdout.strip() else None
+
+
+def main() -> int:
+    node = socket.gethostname().split(".")[0]
+    tool = py_spy()
+    ranks = ranks_here()
+    if tool is None:
+        for rank in sorted(ranks):
+            print(json.dumps({"rank": rank, "node": node, "dump": None, "why": "py-spy is not installed"}), flush=True)
+        return 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(ranks)))) as pool:
+        dumps = dict(zip(ranks, pool.map(lambda pid: dump(pid, tool), ranks.values()), strict=True))
+    for rank in sorted(dumps):
+        print(json.dumps({"rank": rank, "node": node, "dump": dumps[rank]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+SRUN_TIMEOUT_S = 45
+
+
+def collect(hosts: list[str], job_id: str, out_dir: Path, last_steps: dict[int, int | None],
+            rank_nodes: dict[int, str]) -> list[str]:
+    """From the job's step: every node's ranks' stacks, kept in ``out_dir`` (rank-R.txt), and the summary's lines
+    (launcher/plans/hangs.py). A node that does not answer within SRUN_TIMEOUT_S adds none."""
+    from launcher.files import write_atomic
+    from launcher.plans import hangs
+
+    def one(host: str) -> list[dict]:
+        argv = ["srun", "--overlap", f"--jobid={job_id}", "-N1", "-n1", f"--nodelist={host}", sys.executable, "-m",
+                "launcher.execute.stacks"]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=SRUN_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        got = []
+        for line in r.stdout.splitlines():
+            try:
+                got.append(json.loads(line))
+            except ValueError:
+                continue
+        return got
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        found = [d for ds in pool.map(one, hosts) for d in ds]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ranks: dict[int, hangs.Rank] = {}
+    for d in found:
+        ranks[d["rank"]] = hangs.Rank(d["rank"], d["node"], d.get("dump"), last_steps.get(d["rank"]))
+        write_atomic(out_dir / f"rank-{d['rank']}.txt", d.get("dump") or f"no stack: {d.get('why', 'py-spy failed')}\n")
+    for rank, step in last_steps.items():  # ranks whose node gave nothing: known from their progress alone
+        ranks.setdefault(rank, hangs.Rank(rank, rank_nodes.get(rank, "?"), None, step))
+    lines = hangs.summary(ranks)
+    write_atomic(out_dir / "summary.txt", "".join(f"{ln}\n" for ln in lines))
+    return lines
