@@ -421,3 +421,14 @@ def test_a_price_the_model_cannot_count_is_this_machines_not_the_options(tmp_pat
         got, out, err = launch_plan(["--nodes", "1", "--instance-type", "p4d.24xlarge", "--json"], tmp_path,
                                     monkeypatch, capsys)
         assert got == code and err.startswith(said), err
+
+
+def test_figures_no_table_can_hold_are_printed_in_three_digits(tmp_path, monkeypatch, capsys):
+    """A time to train of 1e302 s printed 300 digits with thousands separators; a per-GPU throughput of 1e-290
+    img/s printed as 0."""
+    code, out, err = launch_plan(["--nodes", "1", "--instance-type", "p4d.24xlarge", "--gpu-throughput", "1e-290"],
+                                 tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert "1e-290 img/s (override" in out and "2.77e+295 min" in out and ",000,000" not in out
+    code, out, _ = launch_plan(["--nodes", "1", "--instance-type", "p4d.24xlarge"], tmp_path, monkeypatch, capsys)
+    assert "2,470 img/s (catalog, A100" in out and "e+" not in out  # ordinary figures as they were

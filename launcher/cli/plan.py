@@ -134,27 +134,30 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
     table.add_column("")
     table.add_column("", justify="right")
     for what, value in (
-        ("per-GPU throughput", f"{e.gpu_images_per_sec:,.0f} {e.rate_unit} ({e.throughput_source.split(':')[0]})"),
-        ("compute per step", f"{e.compute_time_s * 1e3:,.1f} ms" + (
+        ("per-GPU throughput", f"{_n(e.gpu_images_per_sec, ',.0f')} {e.rate_unit} "
+                               f"({e.throughput_source.split(':')[0]})"),
+        ("compute per step", f"{_n(e.compute_time_s * 1e3, ',.1f')} ms" + (
             f" ({e.accumulation_steps} micro-batches of {e.batch_per_gpu} per GPU: gradient accumulation)"
             if e.accumulation_steps > 1 else f" (batch {e.batch_per_gpu} per GPU)")),
-        ("gradient reduction per step", f"{e.comm_time_s * 1e3:,.1f} ms ({e.exposed_comm_time_s * 1e3:,.1f} ms "
-                                        f"not hidden; limited by {e.comm_limited_by})"),
-        ("stragglers + negotiation", f"{e.sync_overhead_s * 1e3:,.1f} ms (the slowest of {plural(e.nodes, 'node')})"),
-        ("step", f"{e.step_time_s * 1e3:,.1f} ms"),
-        ("throughput", f"{e.images_per_sec:,.0f} {e.rate_unit}, {e.scaling_efficiency:.1%} scaling"),
+        ("gradient reduction per step", f"{_n(e.comm_time_s * 1e3, ',.1f')} ms "
+                                        f"({_n(e.exposed_comm_time_s * 1e3, ',.1f')} ms not hidden; limited by "
+                                        f"{e.comm_limited_by})"),
+        ("stragglers + negotiation", f"{_n(e.sync_overhead_s * 1e3, ',.1f')} ms (the slowest of "
+                                     f"{plural(e.nodes, 'node')})"),
+        ("step", f"{_n(e.step_time_s * 1e3, ',.1f')} ms"),
+        ("throughput", f"{_n(e.images_per_sec, ',.0f')} {e.rate_unit}, {e.scaling_efficiency:.1%} scaling"),
         ("limited by", e.limited_by),
         ("input pipeline", f"{e.loader_workers_per_rank} loader processes per GPU"
                            + (", JPEGs decoded on the GPUs (--decode gpu)" if e.decode == "gpu" else "")
-                           + f": {e.loader_images_per_sec:,.0f} img/s against {e.gpu_demand_images_per_sec:,.0f} "
-                             f"the GPUs would take"
+                           + f": {_n(e.loader_images_per_sec, ',.0f')} img/s against "
+                             f"{_n(e.gpu_demand_images_per_sec, ',.0f')} the GPUs would take"
                            if workload.decodes_images else f"no JPEG decoding modelled for {e.workload}"),
-        ("epoch (with checkpoint)", f"{e.epoch_time_s:,.1f} s"),
-        ("training", f"{e.training_s / 60:,.1f} min ({plural(epochs, 'epoch')} + validation)"),
-        ("provisioning + staging", f"{(e.provisioning_s + e.staging_s) / 60:,.1f} min"),
-        ("time to train", f"{e.time_to_train_s / 60:,.1f} min"),
-        ("cluster price", f"${e.cluster_usd_per_hour:,.2f}/h ({e.market}, as of {e.price_date})"),
-        ("cost", f"${e.cost_usd:,.2f} (${e.cost_per_epoch_usd:,.2f} per epoch)"),
+        ("epoch (with checkpoint)", f"{_n(e.epoch_time_s, ',.1f')} s"),
+        ("training", f"{_n(e.training_s / 60, ',.1f')} min ({plural(epochs, 'epoch')} + validation)"),
+        ("provisioning + staging", f"{_n((e.provisioning_s + e.staging_s) / 60, ',.1f')} min"),
+        ("time to train", f"{_n(e.time_to_train_s / 60, ',.1f')} min"),
+        ("cluster price", f"${_n(e.cluster_usd_per_hour, ',.2f')}/h ({e.market}, as of {e.price_date})"),
+        ("cost", f"${_n(e.cost_usd, ',.2f')} (${_n(e.cost_per_epoch_usd, ',.2f')} per epoch)"),
     ):
         table.add_row(what, value)
     console.print(table)
@@ -186,6 +189,12 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                   f"--json)")
     for line in e.assumptions + doc["notes"]:
         console.print(f"  - {line}", markup=False, highlight=False)
+
+
+def _n(x: float, spec: str) -> str:
+    """``x`` as ``spec`` (',.1f'), or in three significant digits where that would print 16+ digits or round a small
+    figure to 0 (a per-GPU throughput of 1e-200 img/s, the centuries it takes): the tables stay readable."""
+    return format(x, spec) if not x or 1e-9 <= abs(x) < 1e15 else f"{x:.3g}"
 
 
 def check_nodes(nodes: int, option: str = "--nodes", *, role: str = "worker") -> None:
@@ -361,9 +370,9 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
         table.add_column(col, justify="left" if col in ("shape", "strategy", "market", "bound") else "right")
     for i in result.pareto:
         r = result.rows[i]
-        table.add_row(r.shape, STRATEGY_LABELS[r.strategy], r.market, f"{r.images_per_sec:,.0f}",
-                      f"{r.scaling_efficiency:.0%}", r.bound, f"{r.time_to_train_s / 60:,.0f} min",
-                      f"{r.cost_usd:,.2f}")
+        table.add_row(r.shape, STRATEGY_LABELS[r.strategy], r.market, f"{_n(r.images_per_sec, ',.0f')}",
+                      f"{r.scaling_efficiency:.0%}", r.bound, f"{_n(r.time_to_train_s / 60, ',.0f')} min",
+                      f"{_n(r.cost_usd, ',.2f')}")
     console.print(table)
     for i in result.pareto:  # what would change each frontier shape, said once per distinct verdict
         advice = result.rows[i].advice
