@@ -71,7 +71,8 @@ class Versions(BaseModel):
     openmpi: str = Field(pattern=_VERSION)
     aws_ofi_nccl: str = Field(pattern=_VERSION)
     torch: str = Field(pattern=_VERSION)
-    torch_index: str = Field(pattern=r"^https://")
+    torch_index: str = Field(pattern=r"^https://.*/cu[0-9]+$")
+    torch_arch_list: str = Field(pattern=r"^(sm|compute)_[0-9]+[af]?( (sm|compute)_[0-9]+[af]?)*$")
     horovod: str = Field(pattern=_VERSION)
     beegfs: str = Field(pattern=_VERSION)
     lustre_client: str = Field(pattern=r"^[0-9]+\.[0-9]+$")
@@ -134,7 +135,7 @@ COMPONENTS: tuple[Component, ...] = (
     Component("scaletrain", "scaletrain with its train extra in the training venv; PATH for logins",
               downloads_source=True),
     Component("image-test", "Test: GPUs, Fabric Manager on NVSwitch hosts, EFA provider, Horovod with NCCL, "
-              "one-node NCCL allreduce", phases=("test",)),
+              "PyTorch kernels for every GPU the build is for, one-node NCCL allreduce", phases=("test",)),
 )
 
 
@@ -192,6 +193,17 @@ def script_variables(script_text: str) -> list[str]:
     return re.findall(r'^: "\$\{([A-Z_][A-Z0-9_]*):\?', script_text, flags=re.MULTILINE)
 
 
+def gpu_capabilities(kernel_module_type: str) -> list[str]:
+    """The compute capabilities of the catalog's GPU types that boot the build with ``kernel_module_type``: V100 types
+    (proprietary) resolve that build, every other GPU type the open one (infra.spec.ClusterSpec.image_parameter). The
+    image test checks that the image's PyTorch has kernels for each (launcher/doctor/torchprobe.py)."""
+    from infra import catalog
+
+    proprietary = kernel_module_type == "proprietary"
+    found = {t.compute_capability for t in catalog.gpu_types() if t.needs_proprietary_driver == proprietary}
+    return [f"{major}.{minor}" for major, minor in sorted(c for c in found if c is not None)]
+
+
 def component_env(versions: Versions, component: Component, *, base: str = "ubuntu",
                   kernel_module_type: str = "open") -> dict[str, str]:
     """Exactly the variables ``component``'s script requires, with their values."""
@@ -199,6 +211,7 @@ def component_env(versions: Versions, component: Component, *, base: str = "ubun
     recorded = image_env(versions, base)
     available = recorded | {
         "NVIDIA_KERNEL_MODULE_TYPE": kernel_module_type,
+        "SCALETRAIN_GPU_CAPABILITIES": " ".join(gpu_capabilities(kernel_module_type)),
         "SCALETRAIN_SOURCE_ZIP": SOURCE_ZIP,
         "SCALETRAIN_IMAGE_ENV": "".join(f"{k}={v}\n" for k, v in recorded.items()).rstrip("\n"),
     }

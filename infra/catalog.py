@@ -78,6 +78,14 @@ class UnknownInstanceType(ValueError):
 # (https://github.com/NVIDIA/open-gpu-kernel-modules, "Supported GPUs"); Volta needs the proprietary driver.
 _PROPRIETARY_DRIVER_ONLY = frozenset({"V100", "V100-32GB"})
 
+# Each GPU's compute capability (NVIDIA, "CUDA GPU Compute Capability", https://developer.nvidia.com/cuda-gpus: V100
+# 7.0, A100 8.0, A10G, an A10, 8.6, H100 and H200 9.0), the sm_XY a CUDA build needs kernels for to run there
+# (launcher/doctor/gpuarch.py decides whether a torch build's arch list serves it).
+_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "V100": (7, 0), "V100-32GB": (7, 0), "A100-40GB": (8, 0), "A100-80GB": (8, 0), "A10G": (8, 6),
+    "H100": (9, 0), "H200": (9, 0),
+}
+
 
 class InstanceType(BaseModel):
     """One EC2 instance type, with its dated on-demand price and a per-GPU ResNet-50 default."""
@@ -130,6 +138,11 @@ class InstanceType(BaseModel):
         (:data:`ami.paths.IMAGE_ID_PARAMETER_PROPRIETARY`; ``infra.spec.ClusterSpec.image_parameter``).
         """
         return self.gpu_model in _PROPRIETARY_DRIVER_ONLY
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """(major, minor) of the type's GPU, e.g. (7, 0) for the V100; None without GPUs."""
+        return _COMPUTE_CAPABILITY[self.gpu_model] if self.gpu_model else None
 
     @property
     def network_bytes_per_sec(self) -> float:

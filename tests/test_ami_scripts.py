@@ -182,7 +182,15 @@ def image_test_host(tmp_path: Path) -> tuple[Host, dict[str, str]]:
     perf.write_text('#!/usr/bin/env bash\necho "all_reduce_perf $*" >>"$CALLS"\n'
                     'echo "# Out of bounds values : 0 OK"\necho "# Avg bus bandwidth    : 200.1"\n')
     perf.chmod(0o755)
+    # The venv's python: `-m launcher.doctor.torchprobe --need ...` answers as TORCH_CHECK says (gpuarch's verdict is
+    # tested in tests/test_doctor_gpuarch.py).
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text('#!/usr/bin/env bash\necho "python $*" >>"$CALLS"\n[ "$TORCH_CHECK" = ok ] && exit 0\n'
+                           'echo "torch cuda arch: fail: $TORCH_CHECK" >&2; exit 1\n')
+    venv_python.chmod(0o755)
     env = {**component_env("image-test"), "SCALETRAIN_BIN_PATH": str(host.bin),
+           "SCALETRAIN_VENV": str(venv_python.parents[1]), "TORCH_CHECK": "ok",
            "SCALETRAIN_NCCL_TESTS_ROOT": str(nccl_tests), "GPU": "NVIDIA A100-SXM4-40GB", "DRIVER": P4D_DRIVER,
            "FM_VERSION": P4D_DRIVER, "FM_ACTIVE": "yes", "NVSWITCH_ID": "10de:1af1", "NVSWITCHES": "6",
            "FABRIC_STATE": "N/A"}
@@ -217,6 +225,24 @@ def test_image_test_passes_where_the_fabric_is_up_or_absent(tmp_path, case) -> N
     assert "all_reduce_perf -b 8 -e 64M -f 2 -g 8" in host.called()
     expected = "Fabric Manager check skipped" if case.get("NVSWITCHES") == "0" else "Fabric Manager 570.172.08 running"
     assert expected in result.stdout
+
+
+@pytest.mark.parametrize(("modules", "needs"), [("open", "--need 8.0 --need 8.6 --need 9.0"),
+                                                ("proprietary", "--need 7.0")])
+def test_image_test_asks_torch_for_the_gpus_its_build_is_for_and_stops_when_it_has_no_kernels(tmp_path, modules,
+                                                                                            needs) -> None:
+    """Issue 37 item 1: the build instance is a g5, the image's nodes P types; the V100 build's torch had no sm_70."""
+    host, env = image_test_host(tmp_path)
+    env |= {"SCALETRAIN_GPU_CAPABILITIES": component_env("image-test", kernel_module_type=modules)[
+        "SCALETRAIN_GPU_CAPABILITIES"], "NVSWITCHES": "0", "FM_ACTIVE": "no"}
+    result = host.run("image-test.sh", None, env)
+    assert result.returncode == 0, result.stderr
+    assert f"python -I -m launcher.doctor.torchprobe {needs} --what the GPUs this image is for" in host.called()
+    bad = "torch 2.7.1+cu128 has no kernels for compute capability 7.0"
+    result = host.run("image-test.sh", None, {**env, "TORCH_CHECK": bad})
+    assert result.returncode == 1
+    assert bad in result.stderr and "the image's PyTorch cannot run on the GPUs it is built for" in result.stderr
+    assert not [c for c in host.called() if c.startswith("all_reduce_perf")][1:]  # only the first run's
 
 
 # --- aws-cli.sh: AWS CLI v2 from AWS's signed installer (item 7) ----------------------------------------------------
@@ -598,3 +624,28 @@ def test_the_image_enables_no_slurm_or_munge_daemon_and_carries_no_key(tmp_path,
     assert not (tmp_path / "root" / "etc/munge/munge.key").exists()
     plugin = "usr/lib/x86_64-linux-gnu/slurm-wlm" if rehearsal else "usr/lib/slurm"
     assert (tmp_path / "root" / plugin / "cgroup_v2.so").exists()
+
+
+# --- pytorch.sh: the index's CUDA build, by its local version label (issue 37 item 1) -------------------------------
+
+@pytest.mark.parametrize(("have", "rehearsal", "ok"), [
+    ("2.7.1+cu126 True", "0", True),
+    ("2.7.1+cu128 True", "0", False),     # another index's build: 2.7's cu128 has no sm_70, so no V100 runs it
+    ("2.7.1 True", "0", False),           # PyPI's, whatever CUDA it was built for
+    ("2.7.1+cu126 False", "0", False),
+    ("2.13.0+cpu False", "1", True), ("2.13.0 False", "1", True), ("2.13.0+cu126 True", "1", False),
+])  # fmt: skip
+def test_pytorch_validate_wants_the_pinned_indexs_cuda_build(tmp_path, have, rehearsal, ok) -> None:
+    host = Host(tmp_path, {})
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/usr/bin/env bash\necho "{have}"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    version = "2.13.0" if rehearsal == "1" else VERSIONS.torch
+    env = {**component_env("pytorch"), "SCALETRAIN_VENV": str(venv), "TORCH_VERSION": version,
+           "SCALETRAIN_REHEARSAL": rehearsal}
+    assert env["TORCH_INDEX"].endswith("/cu126")
+    result = host.run("pytorch.sh", "validate", env)
+    assert (result.returncode == 0) is ok, result.stderr
+    if not ok:
+        assert f"torch in {venv} is '{have}', expected" in result.stderr

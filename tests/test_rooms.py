@@ -25,6 +25,7 @@ PURE = sorted({
     "launcher.cost.workloads", "launcher.cost.shape",
     "launcher.cost.runcheck",
     "launcher.doctor", "launcher.doctor.checks", "launcher.doctor.busbw", "launcher.doctor.probes",
+    "launcher.doctor.gpuarch",
     "launcher.plans", *(f"launcher.plans.{p.stem}" for p in (ROOT / "launcher" / "plans").glob("*.py")
                         if p.stem != "__init__"),
 })

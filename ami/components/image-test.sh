@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The image's test phase, on an instance started from the new image: GPUs visible, Fabric Manager running at the
 # driver's version where the host has NVSwitches, the EFA provider where the instance has EFA devices, Horovod
-# built with NCCL, and a one-node NCCL allreduce with correct results.
-# Reads: SCALETRAIN_BIN_PATH, SCALETRAIN_LIB_PATH, SCALETRAIN_NCCL_TESTS_ROOT (ami/paths.py).
+# built with NCCL, PyTorch with kernels for every GPU this build is published for and a kernel run on this one, and
+# a one-node NCCL allreduce with correct results.
+# Reads: SCALETRAIN_BIN_PATH, SCALETRAIN_LIB_PATH, SCALETRAIN_NCCL_TESTS_ROOT, SCALETRAIN_VENV (ami/paths.py) and
+# SCALETRAIN_GPU_CAPABILITIES (the catalog's compute capabilities for this build's kernel modules, ami/render.py).
 set -euo pipefail
 # Rehearsal nodes (`launch local up`, launcher/plans/rehearsal.py) skip this layer: it needs GPUs and EFA devices.
 if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then echo "image-test.sh: skipped on a rehearsal node"; exit 0; fi
 : "${SCALETRAIN_BIN_PATH:?set by the Image Builder component from ami/paths.py}"
 : "${SCALETRAIN_LIB_PATH:?set by the Image Builder component from ami/paths.py}"
 : "${SCALETRAIN_NCCL_TESTS_ROOT:?set by the Image Builder component from ami/paths.py}"
+: "${SCALETRAIN_VENV:?set by the Image Builder component from ami/paths.py}"
+: "${SCALETRAIN_GPU_CAPABILITIES:?set by the Image Builder component from infra/catalog.py}"
 export PATH="$SCALETRAIN_BIN_PATH:$PATH"
 export LD_LIBRARY_PATH="$SCALETRAIN_LIB_PATH"
 
@@ -59,6 +63,14 @@ if compgen -G '/sys/class/infiniband/*' >/dev/null; then
 else
     echo "EFA: no devices on this instance type, fi_info check skipped"
 fi
+
+# The build instance is a G type (ami/stack.py), not the P type a cluster boots this image on: its own GPU runs a
+# kernel, and torch's arch list must serve every compute capability of the catalog's types that resolve this build
+# (V100's 7.0 for the proprietary one), or those nodes fail with "no kernel image is available" after the test passed.
+needs=()
+for cc in $SCALETRAIN_GPU_CAPABILITIES; do needs+=(--need "$cc"); done
+"$SCALETRAIN_VENV/bin/python" -I -m launcher.doctor.torchprobe "${needs[@]}" --what "the GPUs this image is for" \
+    || { echo "error: the image's PyTorch cannot run on the GPUs it is built for (above)" >&2; exit 1; }
 
 build=$(horovodrun --check-build)
 grep -q '\[X\] NCCL' <<<"$build" || { echo "error: Horovod was built without NCCL:" >&2; echo "$build" >&2; exit 1; }

@@ -12,12 +12,19 @@ CUDA_BUILD=True
 INDEX=(--index-url "$TORCH_INDEX")
 if [ "${SCALETRAIN_REHEARSAL:-0}" = 1 ]; then CUDA_BUILD=False; INDEX=(); fi
 
+# The CUDA build is the index's own: PyTorch's wheels carry the index's tag as their local version (2.7.1+cu126), and
+# which CUDA build it is decides the GPUs it has kernels for (versions.json's torch_arch_list; a 2.7 cu128 wheel has
+# no sm_70, so no V100 runs it).
+WANT="$TORCH_VERSION+${TORCH_INDEX##*/}"
+if [ "$CUDA_BUILD" = False ]; then WANT="$TORCH_VERSION"; fi
+
 verify() {
     local have
-    have=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0], torch.version.cuda is not None)' 2>/dev/null) \
+    have=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda is not None)' 2>/dev/null) \
         || { echo "error: torch does not import in $SCALETRAIN_VENV" >&2; return 1; }
-    [ "$have" = "$TORCH_VERSION $CUDA_BUILD" ] \
-        || { echo "error: torch in $SCALETRAIN_VENV is '$have', expected '$TORCH_VERSION $CUDA_BUILD' (True: a CUDA build)" >&2
+    # A rehearsal's CPU build may carry a +cpu label or none.
+    [ "$have" = "$WANT $CUDA_BUILD" ] || { [ "$CUDA_BUILD" = False ] && [ "${have%+cpu False}" = "$WANT" ]; } \
+        || { echo "error: torch in $SCALETRAIN_VENV is '$have', expected '$WANT $CUDA_BUILD' (True: a CUDA build)" >&2
              return 1; }
 }
 

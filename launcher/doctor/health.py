@@ -88,7 +88,9 @@ def health_probes(a: argparse.Namespace) -> dict[str, str]:
     import of horovod.torch (checks.HOROVOD_BUILD_PY) for what horovodrun --check-build told."""
     probes = checks.probe_commands(a.backend, a.python, a.mpirun, shared_mount=a.shared_mount, workdir=False)
     if a.backend == "aws":
-        for unread in ("horovod-python", "nvidia-smi-header") + (("storage", "storage-write")
+        # torch-arch: a CUDA context and a kernel on every GPU, under a running job, every two minutes; what it
+        # answers is the image's, which `launch doctor` and the image test check.
+        for unread in ("horovod-python", "nvidia-smi-header", "torch-arch") + (("storage", "storage-write")
                                                                  if (a.storage or "none") == "none" else ()):
             del probes[unread]
         probes["horovod-build"] = checks.horovod_build_command(a.python)

@@ -71,6 +71,30 @@ for name in ("nccl", "ddl", "ccl", "mpi", "gloo"):
 """
 
 
+# What launcher/doctor/gpuarch.py's check reads, run by the node's training Python: torch's arch list, each GPU's
+# capability, and a small kernel (an elementwise multiply and a sum) on every GPU, whose exact result (float32
+# integers below 2**24) shows it ran there.
+TORCH_ARCH_PY = """\
+import json
+try:
+    import torch
+except Exception as e:
+    raise SystemExit(f"import torch: {type(e).__name__}: {e}")
+out = {"torch": torch.__version__, "cuda": torch.version.cuda, "arch_list": torch.cuda.get_arch_list(),
+       "gpus": [], "kernel": []}
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        out["gpus"].append(list(torch.cuda.get_device_capability(i)))
+        try:
+            x = torch.arange(4096, device=f"cuda:{i}", dtype=torch.float32)
+            got = (x * 2).sum().item()
+            out["kernel"].append("ok" if got == 4096 * 4095 else f"wrong result {got}")
+        except Exception as e:
+            out["kernel"].append(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+print(json.dumps(out))
+"""
+
+
 HOROVOD_BUILD_TOOL = "python -c 'import horovod.torch'"
 
 
@@ -107,6 +131,7 @@ def probe_commands(backend: Literal["local", "aws"], python: str, mpirun: str, *
         ("ldconfig", "/sbin/ldconfig -p | grep -E 'libnccl'"),
         ("ofi-nccl", "ls " + " ".join(f"{d}/libnccl-net*.so" for d in OFI_NCCL_DIRS)),
         ("horovod-build", f"{venv_bin}/horovodrun --check-build"),
+        ("torch-arch", f"{py} -c {shlex.quote(TORCH_ARCH_PY)}"),
         ("storage", "findmnt -J -t lustre,beegfs"),
         ("storage-write", 'for m in $(findmnt -rn -t lustre,beegfs -o TARGET); do f="$m/.doctor-$(hostname)-$$"; '
                           'if touch "$f" 2>/dev/null && rm -f "$f"; then echo "writable $m"; '

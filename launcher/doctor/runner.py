@@ -14,6 +14,7 @@ from infra import catalog
 from launcher.cluster import Cluster, Node
 from launcher.doctor import checks as doctor
 from launcher.doctor.checks import Check
+from launcher.doctor.gpuarch import check_torch_arch
 from launcher.doctor.ncclnet import DEBUG_ENV, check_nccl_net
 from launcher.errors import LaunchError
 from launcher.execute import remote
@@ -96,6 +97,10 @@ def diagnose(cluster: Cluster, *, storage: str = "auto") -> list[Check]:
         if instance is not None and node.role == "worker":
             found = doctor.evaluate_aws(probes, instance, storage=storage,
                                         efa_devices=node.efa_devices if node.transport == "efa" else 0)
+            # torch's kernels for the catalog's GPU of this type (not in evaluate_aws: the health check skips it)
+            found.append(check_torch_arch(probes.get("torch-arch", doctor.Probe("probe did not run", 127)),
+                                          [instance.compute_capability] if instance.compute_capability else [],
+                                          what=f"{instance.name}'s {instance.gpu_model}"))
         elif instance is not None:  # a reducer: CPU only, what training needs from it is MPI and the storage
             found = [doctor.check_mpirun(probes.get("mpirun", doctor.Probe("", 127))),
                      doctor.check_storage(probes.get("storage", doctor.Probe("", 1)),
