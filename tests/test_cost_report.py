@@ -378,6 +378,15 @@ def _bad_outs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     }
 
 
+def test_an_out_that_looks_like_an_option_is_refused(tmp_path, monkeypatch, capsys):
+    """`launch cost --out --help` wrote the report into a directory named --help."""
+    monkeypatch.chdir(tmp_path)
+    code, _, stderr = run_cli(["cost", "--out", "--help"], tmp_path / "home", monkeypatch, capsys)
+    assert code == 2 and stderr.startswith("error: --out --help looks like an option, not a directory; for a "
+                                           "directory of that name write ./--help"), stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("case", ["file", "under a file", "loop", "under a loop", "dangling"])
 def test_an_out_that_cannot_be_a_directory_is_a_usage_error_before_any_work(case, tmp_path, monkeypatch, capsys):
     """A symbolic link loop said "File exists" (exit 1), after the whole grid was computed and plotted."""

@@ -282,6 +282,9 @@ def output_dir(option: str, value: str) -> Path:
     import stat
 
     check_named(option, value, "a directory name")
+    if value.startswith("-"):  # `--out --help` wrote the report into ./--help
+        raise usage_error(f"{option} {value} looks like an option, not a directory; for a directory of that name "
+                          f"write ./{value}")
     path = Path(value)
     there = next(p for p in (path, *path.parents) if os.path.lexists(p))  # the part of DIR that exists
     try:
