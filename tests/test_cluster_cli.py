@@ -385,3 +385,26 @@ def test_data_convert_with_cluster_refuses_what_the_cluster_decides_as_usage_err
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(said) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["ssh", "node9", "--cluster", "loc"], "error: no node 'node9' in cluster 'loc'; nodes: node0, node1"),
+    (["local", "kill", "node9", "--cluster", "loc"], "error: no node 'node9' in cluster 'loc'; nodes: node0, node1"),
+    (["local", "replace", "node0", "node9", "--cluster", "loc"], "error: no node 'node9' in cluster 'loc'"),
+])
+def test_a_node_the_cluster_has_not_is_a_bad_argument_as_local_reboot_says_it(argv, said, tmp_path, monkeypatch,
+                                                                             capsys):
+    """Exit 1 before, where `launch local reboot node9` said the same line with 2."""
+    from launcher.cluster import Cluster, Node, cluster_dir, save
+    from launcher.local import backend
+
+    monkeypatch.setenv("SCALETRAIN_HOME", str(tmp_path / "home"))
+    for name in ("kill", "replace"):
+        monkeypatch.setattr(backend, name, lambda *a, **kw: pytest.fail("reached the nodes"))
+    cluster_dir("loc").mkdir(parents=True)
+    save(Cluster(name="loc", backend="local", user="u", ssh_config="/s", known_hosts="/k", python="python",
+                 nodes=[Node(name=f"node{i}", address="127.0.0.1", port=1, role="worker", slots=1, cpus=1,
+                             workdir=f"/w{i}") for i in range(2)]))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1, err

@@ -288,7 +288,10 @@ def ssh_cmd(ctx: typer.Context, node: str = typer.Argument(..., help="Node name 
                                                              ("--profile", profile)))
     check_aws_options(region, profile)
     c = resolve(cluster, region, profile, reach=True)
-    c.machine(node)
+    try:
+        c.machine(node)
+    except LaunchError as e:  # a name the cluster has not: the argument, as `launch local reboot` says it
+        raise usage_error(str(e)) from None
     from launcher.execute import remote
 
     remote.require_ssm_plugin(c)

@@ -89,6 +89,10 @@ def local_kill(node: str = typer.Argument(..., help="The node to stop, e.g. node
     c = clusters.load(cluster)
     if c.backend != "local":
         raise LaunchError(f"cluster '{c.name}' is an AWS cluster; `launch local kill` stops local nodes only")
+    try:
+        c.machine(node)
+    except LaunchError as e:  # a name the cluster has not: the argument, as `launch local reboot` says it
+        raise usage_error(str(e)) from None
     local.kill(c, node)
     console.print(f"{node} of cluster '{c.name}' killed (every process at once)")
 
@@ -122,6 +126,11 @@ def local_replace(nodes: list[str] = typer.Argument(None, metavar="[NODE]...",
     if c.backend != "local":
         raise LaunchError(f"cluster '{c.name}' is an AWS cluster; its Auto Scaling groups replace instances and "
                           f"the next `launch train` discovers them")
+    for node in nodes or []:
+        try:
+            c.node(node)
+        except LaunchError as e:  # a name the cluster has not: the argument, as `launch local reboot` says it
+            raise usage_error(str(e)) from None
     c, replaced = local.replace(c, nodes or [])
     if not replaced:
         console.print(f"nothing to replace: every node of cluster '{c.name}' is running")
