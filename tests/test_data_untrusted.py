@@ -352,6 +352,41 @@ def test_merge_refuses_to_overwrite_another_conversions_manifest(tmp_path):
         merge_manifests(out, 2)
 
 
+def test_what_out_holds_under_a_records_name_is_never_read_unbounded(tmp_path):
+    """Siblings of item 1 in OUT: a FIFO named manifest.json, or named like a shard's journal record, blocked the
+    run in read_text(); now the first is not this conversion's manifest, the second a record that is not there."""
+    src = folders(tmp_path / "src")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "manifest.json")
+    proc = launch(tmp_path / "home", "data", "convert", str(src), "--out", str(out), timeout=60)
+    assert_one_line_error(proc, f"--out {out} holds a file that is not a manifest this converter wrote in "
+                                "manifest.json; convert into another directory, or add --replace")
+    assert launch(tmp_path / "home", "data", "convert", str(src), "--out", str(out), "--shard-size", "2",
+                  "--replace", timeout=60).returncode == 0
+    out = tmp_path / "out2"  # a run killed before its manifest, a FIFO for one of its records
+
+    def die_after_the_first_shard() -> None:
+        if len(list(out.glob("*.tar"))) == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(src, out, shard_size=2, on_sample=die_after_the_first_shard)
+    (out / JOURNAL / "train-000000.tar.json").unlink()
+    os.mkfifo(out / JOURNAL / "train-000000.tar.json")
+    proc = launch(tmp_path / "home", "data", "convert", str(src), "--out", str(out), "--shard-size", "2", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / JOURNAL).exists()
+
+
+def test_a_fifo_under_the_sample_record_name_is_one_line(tmp_path):
+    (tmp_path / "out").mkdir()
+    os.mkfifo(tmp_path / "out" / ".launch-data-sample.json")
+    proc = launch(tmp_path / "home", "data", "sample", "--out", str(tmp_path / "out"), "--classes", "2",
+                  "--per-class", "1", timeout=60)
+    assert_one_line_error(proc, "is not empty and holds no sample of launch data sample")
+
+
 def test_replace_reaches_every_node_of_a_cluster_conversion():
     from launcher.cluster import Cluster, Node
     from launcher.plans.dataprep import ConvertSpec, plan_convert

@@ -235,8 +235,9 @@ def merge_manifests(out: Path, node_count: int) -> dict:
         if not path.is_file():
             raise ConvertError(f"{path} not found: node {i} of {node_count} has not finished converting")
         try:
-            parts.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:
+            # bounded, never a FIFO (issue 33)
+            parts.append(json.loads(inputfiles.read_limited(path, path.name, inputfiles.MAX_MANIFEST_BYTES)))
+        except ValueError as exc:
             raise ConvertError(f"{path} is unreadable: {exc}") from None
     first = parts[0]
 

@@ -20,6 +20,8 @@ from pathlib import Path
 MAX_INPUT_BYTES = 256 << 20
 # The largest labels file read: Kaggle's LOC_val_solution.csv is about 2 MB, the devkit's files smaller still.
 MAX_LABELS_BYTES = 64 << 20
+# The largest manifest or journal record read back: ImageNet's manifest is about 0.5 MB, 1.28M rejected inputs 200 MB.
+MAX_MANIFEST_BYTES = 1 << 30
 
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))

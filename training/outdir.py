@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from training.inputfiles import MAX_LABELS_BYTES, read_limited
+from training.inputfiles import MAX_MANIFEST_BYTES, read_limited
 from training.sample import write_atomic
 from training.shards import JOURNAL, MANIFEST, ConvertError
 from training.sources import SPLITS
@@ -54,7 +54,7 @@ def records(out: Path, manifests_only: bool) -> list[tuple[str, dict | None]]:
         if not os.path.lexists(out / name):
             continue
         try:
-            data = json.loads(read_limited(out / name, name, MAX_LABELS_BYTES))
+            data = json.loads(read_limited(out / name, name, MAX_MANIFEST_BYTES))
         except ValueError:  # not JSON, or not a regular file (read_limited's one line)
             data = None
         options = data.get("options") if isinstance(data, dict) and name != f"{JOURNAL}/{CONVERSION}" else data

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from training.inputfiles import read_limited
+
 # The first 50 ImageNet-1k WNIDs in sorted order (class indices 0-49 of the real set).
 IMAGENET_WNIDS = (
     "n01440764", "n01443537", "n01484850", "n01491361", "n01494475",
@@ -209,7 +211,8 @@ def earlier_runs(out: Path) -> list[dict]:
     if not out.exists() or not any(out.iterdir()):
         return []
     try:
-        runs = json.loads((out / SAMPLE_RECORD).read_text())["runs"]
+        # read bounded: a FIFO or a link to /dev/zero under the record's name is not one (issue 33)
+        runs = json.loads(read_limited(out / SAMPLE_RECORD, SAMPLE_RECORD))["runs"]
         ours = sample_paths(runs)
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"--out {out} is not empty and holds no sample of launch data sample; choose a new or empty "

@@ -28,6 +28,7 @@ from pathlib import Path
 from PIL import Image, ImageFile
 
 from training import jpegresize
+from training.inputfiles import MAX_MANIFEST_BYTES, read_limited
 from training.sample import file_mode, write_atomic
 from training.shards import (
     JOURNAL,
@@ -162,7 +163,7 @@ def load_records(out: Path, mine: list[ShardPlan], digest: str, manifest_names: 
     records: dict[str, dict] = {}
     for name in manifest_names:
         try:
-            data = json.loads((out / name).read_text())
+            data = json.loads(read_limited(out / name, name, MAX_MANIFEST_BYTES))  # bounded, never a FIFO (issue 33)
         except (OSError, ValueError):
             continue
         if not isinstance(data, dict) or data.get("plan_sha256") != digest:
@@ -179,7 +180,7 @@ def load_records(out: Path, mine: list[ShardPlan], digest: str, manifest_names: 
             continue
     for shard in mine:
         try:
-            record = json.loads(journal_path(out, shard.name).read_text())
+            record = json.loads(read_limited(journal_path(out, shard.name), shard.name))
         except (OSError, ValueError):
             continue
         if isinstance(record, dict) and record.get("fingerprint") == shard.fingerprint:
