@@ -85,7 +85,9 @@ def test_what_a_rank_writes_is_what_the_job_reads(tmp_path, monkeypatch):
     monkeypatch.setenv(pr.ENV, str(tmp_path / "progress"))
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
     p = pr.Progress.from_env()
-    assert p.enabled and p.path == tmp_path / "progress" / "rank-3.tsv"
+    import socket
+
+    assert p.enabled and p.path == tmp_path / "progress" / f"rank-3@{socket.gethostname().split('.')[0]}.tsv"
     for step in range(3):
         p.add("data", 0.25)
         with p.phase("forward"):
@@ -93,7 +95,7 @@ def test_what_a_rank_writes_is_what_the_job_reads(tmp_path, monkeypatch):
         p.add("optimizer", 1.5)
         p.step_done(step)
     p.close()
-    got = [sg.parse(ln) for ln in (tmp_path / "progress" / "rank-3.tsv").read_text().splitlines()]
+    got = [sg.parse(ln) for ln in p.path.read_text().splitlines()]
     assert [t.step for t in got] == [0, 1, 2] and all(t.data == 0.25 and t.optimizer == 1.5 for t in got)
     assert all(sg.format_line(t) and sg.parse(sg.format_line(t)) == t for t in got)
 

@@ -102,6 +102,24 @@ def test_horovod_ranks_agree_loss_falls_and_validation_is_exact(reference):
     assert rows[-1]["top1"] == summary["top1"]
 
 
+
+def test_every_rank_records_each_steps_phases_for_the_jobs_step(reference):
+    """training/progress.py's files, read as the job's step reads them (launcher/plans/stragglers.py): one per rank,
+    named by its node, every step of every epoch once, in order, each phase's time recorded."""
+    import socket
+
+    from launcher.plans import stragglers
+
+    host = socket.gethostname().split(".")[0]
+    files = sorted(p.name for p in (reference / "progress").iterdir())
+    assert files == [f"rank-0@{host}.tsv", f"rank-1@{host}.tsv"]
+    summary = json.loads((reference / "summary.json").read_text())
+    for name in files:
+        times = [stragglers.parse(ln) for ln in (reference / "progress" / name).read_text().splitlines()]
+        assert [t.step for t in times] == list(range(summary["epochs"] * summary["steps_per_epoch"]))
+        assert all(t.forward > 0 and t.backward > 0 and t.optimizer > 0 and t.data >= 0 for t in times)
+        assert all(b.start >= a.start for a, b in zip(times, times[1:]))
+
 def test_killed_then_resumed_run_ends_with_the_same_parameters(shards, reference, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(mpirun_argv("--data", str(shards), "--output", str(run), "--epochs", "3", *TINY,

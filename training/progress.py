@@ -3,9 +3,9 @@ step's number, when it began, and the seconds spent waiting for data, in forward
 
 It adds no collective and nothing on the hot path but clock reads: a step's record goes into a buffer, and the buffer
 to the rank's file at most once a second (one write; the file is on the run's storage, which the job's step reads).
-The directory comes from SCALETRAIN_PROGRESS_DIR, which the job's mpirun line sets; without it nothing is written, so
-a script run by hand pays nothing. The file is the rank's own: ``rank-<RANK>.tsv``, one line per step
-(stragglers.FIELDS), appended, so a requeued attempt continues it.
+The trainer writes into its run directory (progress_path); a script of one's own, with Progress.from_env(), into
+SCALETRAIN_PROGRESS_DIR, and without it nothing, so a script run by hand pays nothing. The file is the rank's own:
+``rank-<RANK>@<node>.tsv``, one line per step (stragglers.FIELDS), appended, so a requeued attempt continues it.
 
     progress = Progress.from_env()
     for step, batch in enumerate(loader):      # progress.phase("data") around next() when the loop is explicit
@@ -26,6 +26,13 @@ from pathlib import Path
 ENV = "SCALETRAIN_PROGRESS_DIR"
 PHASES = ("data", "forward", "backward", "optimizer")
 FLUSH_EVERY_S = 1.0
+
+
+def progress_path(run_dir: Path, rank: int) -> Path:
+    """The rank's file in the run directory: ``progress/rank-<RANK>@<node>.tsv``, the node its short host name."""
+    import socket
+
+    return run_dir / "progress" / f"rank-{rank}@{socket.gethostname().split('.')[0]}.tsv"
 
 
 def rank_from_env() -> int:
@@ -52,7 +59,7 @@ class Progress:
     @classmethod
     def from_env(cls) -> Progress:
         d = os.environ.get(ENV)
-        return cls(Path(d) / f"rank-{rank_from_env()}.tsv" if d else None)
+        return cls(Path(d) / progress_path(Path(d), rank_from_env()).name if d else None)
 
     @property
     def enabled(self) -> bool:

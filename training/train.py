@@ -32,6 +32,7 @@ from training.checkpoint import CheckpointError, newest_checkpoint, output_probl
 from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
 from training.model import build_model
 from training.options import Config, parse_args, paths_problem
+from training.progress import Progress, progress_path
 from training.schedule import lr_at, peak_lr
 from training.transforms import normalize
 
@@ -214,6 +215,8 @@ def train(cfg: Config) -> dict:
     steady_images, steady_time, first_window = 0, 0.0, True
     mean_loss, lr = None, cfg.warmup_start
     val = (None, None, 0)
+    # Each rank's per-step phases, for the job's step to name a straggler (training/progress.py): no collective.
+    progress = Progress(progress_path(out, rank) if world > 1 else None)
     for epoch in range(start_epoch, cfg.epochs):
         model.train()
         if cfg.synthetic:
@@ -231,6 +234,7 @@ def train(cfg: Config) -> dict:
             lr = lr_at(step, steps, cfg.epochs, peak, cfg.warmup_epochs, cfg.warmup_start, cfg.decay)
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            t0 = time.perf_counter()
             try:
                 images, labels = next(batches)
             except READ_ERRORS as e:
@@ -239,18 +243,23 @@ def train(cfg: Config) -> dict:
                 raise TrainError(f"the shards ran out at step {i + 1} of {steps} of epoch {epoch}: they hold fewer "
                                  f"samples than the manifest says; convert the data again", everywhere=False) from None
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            progress.add("data", time.perf_counter() - t0)
             optimizer.zero_grad()
             try:
                 # Micro-batches: gradients add up locally; the reduction runs once, after the last one.
                 for k, (x, y) in enumerate(zip(images.chunk(passes), labels.chunk(passes), strict=True)):
                     with engine.accumulate(model) if k < passes - 1 else contextlib.nullcontext():
-                        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                        with progress.phase("forward"), torch.autocast(device.type, dtype=autocast_dtype,
+                                                                       enabled=autocast_dtype is not None):
                             loss = F.cross_entropy(model(normalize(x, memory_format)), y,
                                                    label_smoothing=cfg.label_smoothing) / passes
-                        scaler.scale(loss).backward()
+                        with progress.phase("backward"):
+                            scaler.scale(loss).backward()
                     loss_sum += loss.detach().float()
                 # Distributed: the optimizer step sees gradients averaged over all ranks.
-                skipped += engine.step(optimizer, scaler, static_scale)
+                with progress.phase("optimizer"):
+                    skipped += engine.step(optimizer, scaler, static_scale)
+                progress.step_done(step)
             except torch.OutOfMemoryError:
                 raise TrainError(f"--batch-per-gpu {cfg.batch_per_gpu} of {cfg.image_size}px images does not fit "
                                  f"in GPU memory with {cfg.model} ({precision}); use a smaller batch or "
@@ -303,6 +312,7 @@ def train(cfg: Config) -> dict:
                "steady_images_per_sec": steady_images / steady_time if steady_time else None,
                "time_s": train_time, "skipped_steps": skipped_total, "precision": precision,
                "device": torch.cuda.get_device_name(device) if cuda else "cpu", "synthetic": cfg.synthetic}
+    progress.close()
     if cfg.dump_rank_params:
         torch.save({k: v.detach().cpu() for k, v in net.named_parameters()}, out / f"params-rank{rank}.pt")
     if rank == 0:
