@@ -163,7 +163,7 @@ def test_convert_on_a_two_node_local_cluster_matches_one_machine(source, tmp_pat
 
         # A node that fails is named, in one line: this machine's copy of the source is not on the nodes.
         proc = launch(home, "data", "convert", str(src), "--out", converted, "--cluster", "local")
-        assert_one_line_error(proc, "conversion failed on node0 (exit 1), node1 (exit 1)")
+        assert_one_line_error(proc, "conversion failed on node0 (exit 2), node1 (exit 2)")  # a bad SRC: exit 2
         assert f"[node0] error: SRC {src} does not exist" in proc.stdout
     finally:
         launch(home, "local", "down")
