@@ -457,3 +457,10 @@ def test_an_out_through_a_symbolic_link_loop_is_one_line(tmp_path, out, message,
     proc = launch(tmp_path / "home", "data", "convert", str(src), "--out", str(tmp_path / out))
     assert_one_line_error(proc, message.format(tmp=tmp_path))
     assert proc.returncode == code
+
+
+def test_an_out_that_is_a_device_says_what_it_is(tmp_path):
+    src = folders(tmp_path / "src")
+    proc = launch(tmp_path / "home", "data", "convert", str(src), "--out", "/dev/null")
+    assert_one_line_error(proc, "--out /dev/null is a character device, not a directory")
+    assert proc.returncode == 2

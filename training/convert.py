@@ -182,7 +182,8 @@ def check_paths(src: Path, out: Path) -> None:
         raise ArgumentError(f"SRC {src} is not a directory ({file_kind(src.stat().st_mode)}); SRC is the directory "
                             f"that holds train/ and val/ or {TRAIN_TAR} and {VAL_TAR}")
     if out.exists() and not out.is_dir():
-        raise ArgumentError(f"--out {out} is a file, not a directory")
+        what = "a file" if out.is_file() else file_kind(out.stat().st_mode)  # /dev/null is no file to write over
+        raise ArgumentError(f"--out {out} is {what}, not a directory")
     where = Path(os.path.realpath(out))  # Path.resolve raises RuntimeError on a loop of links in a parent
     for read in reading_folders(src):
         if where == Path(os.path.realpath(read)) or Path(os.path.realpath(read)) in where.parents:
