@@ -51,9 +51,14 @@ def stat_problem(path: Path | str, limit: int | None = None) -> tuple[int, str |
     st, problem = follow(path)
     if st is None:
         return 0, problem
+    return (st.st_size, not_an_input(st, limit)) if stat.S_ISREG(st.st_mode) else (0, not_an_input(st, limit))
+
+
+def not_an_input(st: os.stat_result, limit: int | None = None) -> str | None:
+    """Why what `st` describes is not an input (not a regular file, over the limit), or None."""
     if not stat.S_ISREG(st.st_mode):
-        return 0, f"not a regular file ({file_kind(st.st_mode)})"
-    return st.st_size, too_large(st.st_size, limit)
+        return f"not a regular file ({file_kind(st.st_mode)})"
+    return too_large(st.st_size, limit)
 
 
 def too_large(size: int, limit: int | None = None) -> str | None:
