@@ -355,6 +355,30 @@ def test_ctrl_c_detaches_and_a_second_run_queues_behind_the_first(home):
     wait_for(lambda: job(home, second_id)["state"] == "succeeded", 300, 2)
 
 
+def test_a_node_held_to_30_percent_of_its_cpu_is_named_a_straggler_with_its_phase(home):
+    """node1 throttled (launch local fault --cpu 0.3): the job's step names it from the ranks' recorded phases, in
+    the run's output, in `launch logs` and in the run directory's stragglers.json; node0 is never named."""
+    launch(home, "local", "fault", "node1", "--cpu", "0.3", check=True)
+    try:
+        run = node_run("straggler")
+        proc = launch(home, "train", "--data", SHARDS, "--epochs", "3", *TINY, "--output", run)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    finally:
+        launch(home, "local", "fault", "node1", "--clear", check=True)
+    # node1's rank is whichever the hostfile gave it: Slurm lists dynamic nodes in registration order
+    ranks = [int(p.name.split("@")[0][5:]) for p in on_host(home, f"{run}/progress").iterdir()
+             if p.name.endswith("@node1.tsv")]
+    named = [ln for ln in proc.stdout.splitlines() if "straggler:" in ln]
+    assert len(ranks) == 1 and len(named) == 1, proc.stdout[-3000:]
+    assert f"straggler: node1 (rank {ranks[0]}) is " in named[0], named
+    assert re.search(r"slower than the other nodes in (forward \(compute\)|waiting for data) since step \d+$",
+                     named[0]), named
+    kept = json.loads(on_host(home, f"{run}/stragglers.json").read_text())["stragglers"]
+    assert [(k["node"], k["ranks"]) for k in kept] == [("node1", ranks)] and kept[0]["ratio"] > 1.5
+    job_id = next(j["id"] for j in jobs(home) if j["output"] == run)
+    assert named[0] in launch(home, "logs", job_id, "--cluster", "local", check=True).stdout
+
+
 def test_unknown_job_and_bad_ids_are_one_line(home):
     assert_one_line_error(launch(home, "logs", "9999", "--cluster", "local"), "no job 9999")
     bad = launch(home, "cancel", "abc", "--cluster", "local")

@@ -45,8 +45,11 @@ class Watcher:
         return self
 
     def stop(self) -> None:
+        """Stop looking, after a last look: a run shorter than the period is judged too."""
         self._stop.set()
         self._thread.join(timeout=self.every_s + 5)
+        with contextlib.suppress(OSError):
+            self.look()
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
