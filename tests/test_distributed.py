@@ -6,6 +6,12 @@ tests/test_bert_engines.py, through examples/bert/pretrain.py.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -103,3 +109,34 @@ def test_single_process_engine_trains_and_refuses_a_second_init():
         distributed.shutdown()
     with pytest.raises(DistributedError, match=r"call distributed.init\(\) first"):
         distributed.rank()
+
+
+def one_rank(code: str) -> subprocess.CompletedProcess:
+    """`code` in a process holding a live torch.distributed (gloo) group of one, started as init() starts DDP."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "SCALETRAIN_ENGINE": "ddp", "RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}
+    prelude = "from training import distributed\nengine = distributed.init()\nprint('started', flush=False)\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=root)
+
+
+@pytest.mark.parametrize(("code", "status", "err"), [
+    # leave(): its line, its status, and stdout flushed although os._exit flushes nothing.
+    ("distributed.leave(3, 'error: said once')", 3, "error: said once\n"),
+    ("distributed.leave(0)", 0, ""),
+    # A user's uncaught exception while the group is live: Python's traceback, then leave(1), not the interpreter's
+    # exit (where gloo's joinable threads may abort the process: SIGABRT, -6).
+    ("raise RuntimeError('boom')", 1, "RuntimeError: boom\n"),
+    ("raise KeyboardInterrupt", 130, "error: interrupted\n"),
+    # After shutdown() the group is gone and the interpreter's own exit is back: Python's status for a traceback.
+    ("distributed.shutdown()\nimport sys\nassert sys.excepthook is sys.__excepthook__\nraise SystemExit(5)", 5, ""),
+])
+def test_a_rank_with_a_live_group_leaves_with_its_line_and_status(code, status, err):
+    proc = one_rank(code)
+    assert proc.returncode == status, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout == "started\n" and proc.stderr.endswith(err), proc.stderr[-2000:]
+    assert ("Traceback" in proc.stderr) == ("RuntimeError" in code), proc.stderr[-2000:]
