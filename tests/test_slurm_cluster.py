@@ -379,6 +379,45 @@ def test_a_node_held_to_30_percent_of_its_cpu_is_named_a_straggler_with_its_phas
     assert named[0] in launch(home, "logs", job_id, "--cluster", "local", check=True).stdout
 
 
+def test_a_frozen_nodes_ranks_are_located_with_every_ranks_stack_before_the_job_stops(home):
+    """A node frozen mid-run (launch local fault --freeze): nothing moves for --stall-timeout, and before the job's
+    step stops the run it takes each rank's stack (py-spy, over srun --overlap) and says where each group is: the
+    other node's rank in the collective that waits, the frozen node's with no stack (it answers nothing). The node
+    frozen is the one the job's step does not run on (the batch host, whichever Slurm listed first): the step is
+    what watches."""
+    from launcher.plans import restarts
+
+    run = node_run("frozen")
+    # A line every step, so that only the freeze stalls the run; the stall timeout well inside SlurmdTimeout (60 s),
+    # after which Slurm itself takes the frozen node for dead and ends the job.
+    proc = launch_background(home, "train", "--data", SHARDS, "--epochs", "40", *TINY, "--output", run,
+                             "--stall-timeout", "20", "--", "--log-every", "1")
+    frozen = None
+    try:
+        job_id = submitted(proc)
+        progress = on_host(home, f"{run}/progress")
+        wait_for(lambda: progress.is_dir() and len([p for p in progress.iterdir() if p.stat().st_size]) == 2, 300)
+        batch_host = on_host(home, f"{run}/{restarts.BATCH_HOST_FILE}").read_text().split()[0]
+        frozen = "node1" if batch_host == "node0" else "node0"
+        launch(home, "local", "fault", frozen, "--freeze", check=True)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if frozen:
+            launch(home, "local", "fault", frozen, "--clear", check=True)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "--stall-timeout" in out, out[-3000:] + err[-2000:]
+    said = [ln for ln in out.splitlines() if re.match(r"\[job\] ranks? \d", ln)]
+    waiting = [m for ln in said if (m := re.match(rf"\[job\] rank (\d) on {batch_host}: in allreduce: (\S+) ", ln))]
+    assert waiting, out[-3000:]
+    assert any(re.match(rf"\[job\] rank \d on {frozen}: no stack ", ln) for ln in said), out[-3000:]
+    stacks = on_host(home, f"{run}/stacks/attempt-1")
+    assert (stacks / "summary.txt").read_text().splitlines() == [ln[len("[job] "):] for ln in said]
+    rank, frame = waiting[0].groups()  # the frame the line names is in that rank's stack as py-spy dumped it
+    assert f"    {frame} (" in (stacks / f"rank-{rank}.txt").read_text(), list(stacks.iterdir())
+    wait_for(lambda: job(home, job_id)["state"] in ("failed", "cancelled"), 120)
+
+
 def test_unknown_job_and_bad_ids_are_one_line(home):
     assert_one_line_error(launch(home, "logs", "9999", "--cluster", "local"), "no job 9999")
     bad = launch(home, "cancel", "abc", "--cluster", "local")

@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DUMP_TIMEOUT_S = 15
+DUMP_TIMEOUT_S = 10
 
 
 def py_spy() -> str | None:
@@ -92,7 +92,9 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-SRUN_TIMEOUT_S = 45
+# A node that does not answer within this is left out: well inside SlurmdTimeout (launcher/plans/slurm.py), after
+# which Slurm ends the job itself, and long enough for srun's start and one py-spy dump per rank, in parallel.
+SRUN_TIMEOUT_S = 20
 
 
 def collect(hosts: list[str], job_id: str, out_dir: Path, last_steps: dict[int, int | None],
