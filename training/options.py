@@ -78,20 +78,23 @@ def _field_help() -> dict[str, str]:
     return dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(Config), flags=re.M))
 
 
-def _rank() -> int:
+def launch_rank() -> int:
+    """This process's rank as mpirun or torchrun set it, before any process group exists."""
     return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")) or 0)
 
 
-class _Parser(argparse.ArgumentParser):
+class RankParser(argparse.ArgumentParser):
+    """An option parser for a program every rank runs with the same options (the trainer, examples/bert): a bad
+    option is one line, said once (by rank 0), then every rank exits 2."""
+
     def error(self, message: str):
-        """One line, said once (by rank 0), then every rank exits 2."""
-        if _rank() == 0:
+        if launch_rank() == 0:
             print(f"error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    p = _Parser(prog="python -m training.train", description=DESCRIPTION,
+    p = RankParser(prog="python -m training.train", description=DESCRIPTION,
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     helps = _field_help()
     for name, default in asdict(Config(data="", output="")).items():

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bert.py beside this 
 from bert import SIZES, BertMLM, Vocab, corpus, count_params, mask_tokens, mlm_loss, sequences  # noqa: E402
 
 from training import distributed  # noqa: E402
+from training.options import RankParser, launch_rank  # noqa: E402
 
 
 class PretrainError(RuntimeError):
@@ -39,20 +40,8 @@ class PretrainError(RuntimeError):
         self.status = status
 
 
-def _rank() -> int:
-    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")) or 0)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """One line, said by the first rank only (every rank parses the same options), then exit 2."""
-        if _rank() == 0:
-            print(f"error: {message}", file=sys.stderr, flush=True)
-        sys.exit(2)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _Parser(prog="pretrain.py", description=__doc__.splitlines()[0],
+    p = RankParser(prog="pretrain.py", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--size", choices=sorted(SIZES), default="tiny", help="tiny (CPU tests), base, large (BERT-large)")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps")
@@ -251,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     process group must not go through the interpreter's exit: training/distributed.py says why)."""
     args = parse_args(argv)
     if problem := output_problem(args.output):  # every rank reaches the same verdict; rank 0 says it
-        distributed.leave(2, f"error: {problem}" if _rank() == 0 else "")
+        distributed.leave(2, f"error: {problem}" if launch_rank() == 0 else "")
     try:
         pretrain(args)
     except distributed.DistributedError as e:
@@ -259,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     except PretrainError as e:
         distributed.leave(e.status, f"error: {e}")
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: rank 0 says it, all end as a shell reports SIGINT
-        distributed.leave(130, "error: interrupted" if _rank() == 0 else "")
+        distributed.leave(130, "error: interrupted" if launch_rank() == 0 else "")
     return 0
 
 
