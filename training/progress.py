@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from training.options import launch_rank
+
 ENV = "SCALETRAIN_PROGRESS_DIR"
 PHASES = ("data", "forward", "backward", "optimizer")
 FLUSH_EVERY_S = 1.0
@@ -33,15 +35,6 @@ def progress_path(run_dir: Path, rank: int) -> Path:
     import socket
 
     return run_dir / "progress" / f"rank-{rank}@{socket.gethostname().split('.')[0]}.tsv"
-
-
-def rank_from_env() -> int:
-    """The rank as Open MPI, Slurm or torchrun number it."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 class Progress:
@@ -59,7 +52,7 @@ class Progress:
     @classmethod
     def from_env(cls) -> Progress:
         d = os.environ.get(ENV)
-        return cls(Path(d) / progress_path(Path(d), rank_from_env()).name if d else None)
+        return cls(Path(d) / progress_path(Path(d), launch_rank()).name if d else None)
 
     @property
     def enabled(self) -> bool:

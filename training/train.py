@@ -31,7 +31,7 @@ from training import engine as engines
 from training.checkpoint import CheckpointError, newest_checkpoint, output_problem, restore, save_atomic
 from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
 from training.model import build_model
-from training.options import Config, parse_args, paths_problem
+from training.options import Config, launch_rank, parse_args, paths_problem
 from training.progress import Progress, progress_path
 from training.schedule import lr_at, peak_lr
 from training.transforms import normalize
@@ -357,10 +357,6 @@ def validate(net, data: Path, val_shards: list[dict], cfg: Config, device, memor
     return float(counts[0]) / total, float(counts[1]) / total, total
 
 
-def _rank() -> int:
-    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")) or 0)
-
-
 _interrupted = False
 
 
@@ -377,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     interpreter exit while a process group is live (training/distributed.py says why)."""
     cfg = parse_args(argv)
     if problem := paths_problem(cfg):  # every rank sees the same shared storage: all stop, rank 0 says it
-        distributed.leave(2, f"error: {problem}" if _rank() == 0 else "")
+        distributed.leave(2, f"error: {problem}" if launch_rank() == 0 else "")
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where a launcher made it ignored
         signal.signal(signal.SIGINT, _on_sigint)
     try:
@@ -387,13 +383,14 @@ def main(argv: list[str] | None = None) -> int:
             # Ctrl-C reaches every rank (the terminal's process group, or mpirun/torchrun passing it on): rank 0
             # says it once; 130 is how a shell reports SIGINT (128 + 2). save_atomic left no half checkpoint, and
             # a metrics line is written whole, flushed, before the next begins.
-            distributed.leave(130, "error: interrupted" if _rank() == 0 else "")
+            distributed.leave(130, "error: interrupted" if launch_rank() == 0 else "")
         if isinstance(e, (TrainError, DataError, gpudecode.GpuDecodeError)):
             # A verdict every rank reached (same manifest, same options) is said once, by rank 0; a rank's own, by
             # it. No orderly shutdown: mpirun sees a rank leave and stops the others instead of letting them wait.
             everywhere = getattr(e, "everywhere", True)
-            where = "" if everywhere else f"rank {_rank()}: "
-            distributed.leave(getattr(e, "status", 1), f"error: {where}{e}" if _rank() == 0 or not everywhere else "")
+            where = "" if everywhere else f"rank {launch_rank()}: "
+            distributed.leave(getattr(e, "status", 1),
+                              f"error: {where}{e}" if launch_rank() == 0 or not everywhere else "")
         if isinstance(e, SystemExit):
             distributed.leave(e.code if isinstance(e.code, int) else 1, "" if e.code is None or isinstance(
                 e.code, int) else str(e.code))
