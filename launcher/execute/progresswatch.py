@@ -36,7 +36,7 @@ class Watcher:
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, str] = {}
         self.named: dict[str, stragglers.Straggler] = {}
-        self._lock = threading.Lock()  # the thread's looks and the step's last_steps() read the same files
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="progress-watch")
 
@@ -57,11 +57,12 @@ class Watcher:
                 self.look()
 
     def read_new(self) -> None:
-        """Append what each rank wrote since the last look (a torn last line waits for its end)."""
         with self._lock:
             self._read_new()
 
     def _read_new(self) -> None:
+        """Append what each rank wrote since the last look (a torn last line waits for its end); under the lock:
+        the thread's looks and the step's last_steps() share the offsets and the steps."""
         if not self.dir.is_dir():
             return
         for path in sorted(self.dir.iterdir()):
@@ -87,14 +88,16 @@ class Watcher:
                     got.append(t)
 
     def look(self) -> list[stragglers.Straggler]:
-        self.read_new()
-        found = stragglers.find(self.times, self.nodes, factor=self.factor, window=self.window)
+        with self._lock:
+            self._read_new()
+            found = stragglers.find(self.times, self.nodes, factor=self.factor, window=self.window)
         for s in found:
             if s.node not in self.named:
                 self.say(s.line())
-        fresh = {s.node: s for s in found}
-        if fresh != self.named or (found and not self.record.exists()):
-            self.named = {**self.named, **fresh}
+        # Every node ever named stays in the record; it is written again only when that changes.
+        merged = {**self.named, **{s.node: s for s in found}}
+        if merged != self.named:
+            self.named = merged
             write_atomic(self.record, json.dumps({"stragglers": [
                 {"node": s.node, "ranks": list(s.ranks), "ratio": round(s.ratio, 2), "since_step": s.since_step,
                  "phase": s.phase, "line": s.line(), "seen_at": time.time()} for s in self.named.values()]},
@@ -103,5 +106,6 @@ class Watcher:
 
     def last_steps(self) -> dict[int, int | None]:
         """Each rank's last recorded step (for locating a stall)."""
-        self.read_new()
-        return {r: (ts[-1].step if ts else None) for r, ts in self.times.items()}
+        with self._lock:
+            self._read_new()
+            return {r: (ts[-1].step if ts else None) for r, ts in self.times.items()}
