@@ -38,11 +38,12 @@ def home(tmp_path):
 
 def test_ctrl_c_during_exec_is_prompt_and_one_line(home):
     token = "61.2345"  # a sleep no one else runs, to know the nodes' commands started
-    proc = launch_background(home, "exec", "--", "sleep", token)
+    sleep = f"^sleep {token}$"  # the nodes' sleep itself: `launch exec -- sleep 61.2345` matches the bare words too,
+    proc = launch_background(home, "exec", "--", "sleep", token)  # so the Ctrl-C came while it was still loading
     deadline = time.monotonic() + 60
-    while not _running(f"sleep {token}") and time.monotonic() < deadline:
+    while not _running(sleep) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _running(f"sleep {token}"), "the nodes' commands never started"
+    assert _running(sleep), "the nodes' commands never started"
     time.sleep(0.5)
     err, took = _ctrl_c(proc, "launch exec")
     assert took < 5
@@ -50,9 +51,9 @@ def test_ctrl_c_during_exec_is_prompt_and_one_line(home):
     assert err.strip().splitlines()[-1] == "error: interrupted", err
     # ...and the nodes' commands end with their SSH sessions, leaving nothing running.
     deadline = time.monotonic() + 10
-    while _running(f"sleep {token}") and time.monotonic() < deadline:
+    while _running(sleep) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _running(f"sleep {token}")
+    assert not _running(sleep)
 
 
 def test_ctrl_c_during_doctor_is_prompt_and_one_line(home):

@@ -83,6 +83,11 @@ def launch_rank() -> int:
     return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")) or 0)
 
 
+def launch_world() -> int:
+    """How many ranks mpirun or torchrun started, before any process group exists."""
+    return int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")) or 1)
+
+
 class RankParser(argparse.ArgumentParser):
     """An option parser for a program every rank runs with the same options (the trainer, examples/bert): a bad
     option is one line, said once (by rank 0), then every rank exits 2."""

@@ -31,7 +31,7 @@ from training import engine as engines
 from training.checkpoint import CheckpointError, newest_checkpoint, output_problem, restore, save_atomic
 from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
 from training.model import build_model
-from training.options import Config, launch_rank, parse_args, paths_problem
+from training.options import Config, launch_rank, launch_world, parse_args, paths_problem
 from training.progress import Progress, progress_path
 from training.schedule import lr_at, peak_lr
 from training.transforms import normalize
@@ -88,28 +88,13 @@ def rank_local(e: Exception) -> TrainError:
     return TrainError(re.sub(r"^[\w.]+(Error|Exception): ", "", last), everywhere=False)
 
 
-def train(cfg: Config) -> dict:
-    # Distributed: start the engine; pin this rank to a GPU (local rank), or share the cores on CPU.
-    engine = engines.start(cfg.engine, reducers=cfg.reducers)
-    rank, world = engine.rank, engine.size
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", engine.local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
-        if cfg.threads:  # the launcher's share (launcher/plans/loading.py): the GPU computes, loader workers decode
-            torch.set_num_threads(cfg.threads)
-    else:
-        torch.set_num_threads(cfg.threads or int(os.environ.get("OMP_NUM_THREADS", 0))
-                              or max(1, (os.cpu_count() or 1) // engine.local_size))
-    precision = cfg.precision if cfg.precision != "auto" else ("fp16" if cuda else "fp32")
-    memory_format = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}.get(
-        cfg.memory_format, torch.channels_last if cuda else torch.contiguous_format)
-    log = print if rank == 0 else (lambda *a, **k: None)
-    passes = cfg.backward_passes_per_step
-
-    # What this run reads: the manifest's shards, or nothing at all with --synthetic.
-    data, out = Path(cfg.data), Path(cfg.output)
+def what_it_reads(cfg: Config, world: int) -> tuple[int, list[dict], list[dict], int]:
+    """(classes, training shards, validation shards, steps per epoch): the manifest's, checked whole (names, counts,
+    splits, classes: training.shards.TrainingManifest) against `world` ranks; nothing at all with --synthetic. Every
+    rank reaches the same verdict from the same shared files, so each stops by itself, before any process group: a
+    rank that left while another was still joining the group (gloo's connections) was a `Connection reset by peer`
+    traceback on that other rank (CI, 2026-11-28), not the one line."""
+    data = Path(cfg.data)
     if cfg.synthetic:
         num_classes, train_shards, val_shards = cfg.num_classes, [], []
         steps = cfg.steps_per_epoch or 100
@@ -129,6 +114,33 @@ def train(cfg: Config) -> dict:
             raise TrainError(f"--batch-per-gpu {cfg.batch_per_gpu} is larger than the {smallest} samples the "
                              f"smallest rank holds; use a batch of at most {smallest}", status=2)
         steps = min(steps, cfg.steps_per_epoch or steps)
+    return num_classes, train_shards, val_shards, steps
+
+
+def train(cfg: Config) -> dict:
+    num_classes, train_shards, val_shards, steps = what_it_reads(cfg, launch_world())
+    # Distributed: start the engine; pin this rank to a GPU (local rank), or share the cores on CPU.
+    engine = engines.start(cfg.engine, reducers=cfg.reducers)
+    rank, world = engine.rank, engine.size
+    if world != launch_world():  # a launcher that does not say the world in the environment: judged again
+        num_classes, train_shards, val_shards, steps = what_it_reads(cfg, world)
+    data, out = Path(cfg.data), Path(cfg.output)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", engine.local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+        if cfg.threads:  # the launcher's share (launcher/plans/loading.py): the GPU computes, loader workers decode
+            torch.set_num_threads(cfg.threads)
+    else:
+        torch.set_num_threads(cfg.threads or int(os.environ.get("OMP_NUM_THREADS", 0))
+                              or max(1, (os.cpu_count() or 1) // engine.local_size))
+    precision = cfg.precision if cfg.precision != "auto" else ("fp16" if cuda else "fp32")
+    memory_format = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}.get(
+        cfg.memory_format, torch.channels_last if cuda else torch.contiguous_format)
+    log = print if rank == 0 else (lambda *a, **k: None)
+    passes = cfg.backward_passes_per_step
+
     global_batch = cfg.batch_per_gpu * world
     peak = peak_lr(global_batch, cfg.lr_per_256)
 

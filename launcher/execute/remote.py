@@ -96,6 +96,20 @@ def connect(cluster: Cluster, node: Node, *, timeout_s: float | None = None) -> 
     return _pin(_KeptAlive(node.name, config=_config(cluster, timeout_s), connect_timeout=timeout_s), cluster)
 
 
+def ends_with_session(command: str) -> str:
+    """`command` as a shell line that ends, all of its process group, when its SSH session does: for a command run
+    without a pty, whose end nothing else ties to the session. Without a pty sshd gives the command pipes and no
+    terminal, so a launcher that is interrupted or dies sends it no SIGHUP; a command that never writes (`sleep`, a
+    training run between log lines) ran on. sshd starts a session's command in a session of its own (setsid(2) in
+    OpenSSH's session.c, do_exec_no_pty), so the shell's PID is its process group: a watcher reads the session's
+    stdin, which nothing writes (in_stream=False) and which reaches end-of-file only when the connection is gone, and
+    then hangs the group up, as a pty's hangup would. The command reads /dev/null, not that stdin; its status is the
+    line's. POSIX sh: bash and dash alike (the nodes' login shells)."""
+    return (f"exec 3<&0; ( {command}\n) </dev/null 3<&- & c=$!; "
+            "{ cat <&3 >/dev/null 2>&1; kill -s HUP -- -$$; } >/dev/null 2>&1 & w=$!; exec 3<&-; "
+            "wait $c; s=$?; kill $w 2>/dev/null; exit $s")
+
+
 def in_workdir(node: Node, command: str) -> str:
     """The shell line that runs `command` in the node's working directory (made first: nothing on a fresh AWS
     node creates it)."""
@@ -126,8 +140,8 @@ def run_all(cluster: Cluster, nodes: list[Node], command: str) -> list[NodeResul
     node_of = {id(c): name for name, c in conns.items()}
     group = ThreadingGroup.from_connections(list(conns.values()))
     try:
-        results = group.run(f"mkdir -p {WORKDIR_SHELL} && cd {WORKDIR_SHELL} && {command}", hide=True, warn=True,
-                            in_stream=False)
+        results = group.run(f"mkdir -p {WORKDIR_SHELL} && cd {WORKDIR_SHELL} && {ends_with_session(command)}",
+                            hide=True, warn=True, in_stream=False)
     except GroupException as e:
         results = e.result
     by_node = {}
@@ -308,7 +322,8 @@ def check_output(cluster: Cluster, node: Node, command: str, *,
     """:func:`check`, with the command's stderr too: (exit code, stdout, stderr). Ctrl-C ends it at once
     (:func:`hangs_up_on_interrupt`)."""
     with _session(cluster, node, timeout_s) as conn, hangs_up_on_interrupt(conn):
-        res = conn.run(in_workdir(node, command), hide=True, warn=True, in_stream=False, timeout=timeout_s)
+        res = conn.run(in_workdir(node, ends_with_session(command)), hide=True, warn=True, in_stream=False,
+                       timeout=timeout_s)
     return res.exited, res.stdout, res.stderr
 
 
