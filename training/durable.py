@@ -34,8 +34,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-# The trainer's checkpoint names (launcher/execute/results.py's CHECKPOINT reads the same).
-CHECKPOINT = re.compile(r"^checkpoint-epoch(\d+)\.pt$")
+# The trainer's checkpoint names (training/checkpoint.py NAME; launcher/execute/results.py's CHECKPOINT reads the
+# same): checkpoint-epochNNN.pt at an epoch's end, checkpoint-epochNNN-stepSSSSSSSS.pt inside it (--checkpoint-every).
+CHECKPOINT = re.compile(r"^checkpoint-epoch(\d+)(?:-step(\d+))?\.pt$")
+
+
+def order(name: str) -> tuple[int, float]:
+    """How new a checkpoint name is: its epoch, then its steps (an epoch's end after every mid-epoch one)."""
+    m = CHECKPOINT.match(name)
+    assert m is not None, name
+    return int(m.group(1)), float("inf") if m.group(2) is None else int(m.group(2))
 MARKER_SUFFIX = ".complete"
 PROBE_PREFIX = ".scaletrain-probe-"  # + host-pid: one key per trainer, never a CHECKPOINT name
 TIMEOUT_S = 3600.0  # one CLI call; a checkpoint of ResNet-50 with its optimizer state is ~200 MB
@@ -109,8 +117,8 @@ def complete_candidates(target: Target, listing: dict[str, int]) -> list[str]:
     names = {}
     for key in listing:
         rest = key[len(target.list_prefix):] if key.startswith(target.list_prefix) else None
-        if rest and (m := CHECKPOINT.match(rest)) and target.key(rest) + MARKER_SUFFIX in listing:
-            names[rest] = int(m.group(1))
+        if rest and CHECKPOINT.match(rest) and target.key(rest) + MARKER_SUFFIX in listing:
+            names[rest] = order(rest)
     return sorted(names, key=lambda n: names[n], reverse=True)
 
 
@@ -120,14 +128,17 @@ def marker_matches(marker: dict | None, name: str, size: int, sha256: str | None
             and (sha256 is None or marker["sha256"] == sha256))
 
 
-def newest_local_epoch(out: Path) -> int | None:
-    epochs = [int(m.group(1)) for p in out.glob("checkpoint-epoch*.pt") if (m := CHECKPOINT.match(p.name))]
-    return max(epochs, default=None)
+def newest_local_epoch(out: Path) -> tuple[int, float] | None:
+    """The newest local checkpoint's `order`, or None when there is none."""
+    return max((order(p.name) for p in out.glob("checkpoint-epoch*.pt") if CHECKPOINT.match(p.name)), default=None)
 
 
-def should_restore(local_epoch: int | None, remote_name: str) -> bool:
-    """Restore only what the run directory lacks: a remote checkpoint newer than every local one."""
-    return local_epoch is None or int(CHECKPOINT.match(remote_name).group(1)) > local_epoch
+def should_restore(local: tuple[int, float] | int | None, remote_name: str) -> bool:
+    """Restore only what the run directory lacks: a remote checkpoint newer than every local one (`local`: the
+    newest local one's `order`, or an epoch, meaning that epoch's end)."""
+    if isinstance(local, int):
+        local = (local, float("inf"))
+    return local is None or order(remote_name) > local
 
 
 def digest(path: Path) -> tuple[int, str]:

@@ -58,6 +58,7 @@ class Config:
     log_every: int = 10             # steps
     seed: int = 0
     resume: bool = False
+    checkpoint_every: int = 0       # steps between checkpoints inside an epoch (rank 0); 0 = only at each epoch's end
     synthetic: bool = False         # random uint8 batches made on the device: pure compute throughput
     steps_per_epoch: int = 0        # 0 = as many as the data allows (100 with --synthetic)
     num_classes: int = 1000         # with --synthetic only; otherwise the manifest's class list decides
@@ -121,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
                  "initial_loss_scale"):
         if not getattr(cfg, name) >= 1:  # NaN too
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
-    for name in ("steps_per_epoch", "val_every", "threads", "workers"):
+    for name in ("steps_per_epoch", "val_every", "threads", "workers", "checkpoint_every"):
         if getattr(cfg, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
     if problem := epochs_problem(cfg.epochs):  # the ceiling `launch plan` and `launch cost` keep too

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import signal
 import sys
@@ -22,13 +21,13 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training import distributed, durable, gpudecode
+from training import checkpoint, distributed, durable, gpudecode
 from training import engine as engines
-from training.checkpoint import CheckpointError, newest_checkpoint, output_problem, restore, save_atomic
+from training.checkpoint import CheckpointError, newest_checkpoint, output_problem, restore
+from training.ckptwriter import CheckpointWriter, finish_writes
 from training.loader import DataError, load_manifest, make_loader, rank_shards, shards_of, steps_per_epoch
 from training.model import build_model
 from training.options import Config, launch_rank, launch_world, parse_args, paths_problem
@@ -169,7 +168,7 @@ def train(cfg: Config) -> dict:
     # Rank 0 decides, before a step is trained, whether the run can start: --output writable, --checkpoint-to
     # writable, the checkpoint to resume from whole and made for this model and data. Its verdict reaches every rank,
     # so all stop together (exit 2, rank 0 says it).
-    start_epoch, problem = 0, None
+    start_epoch, done, problem = 0, 0, None
     if rank == 0:
         problem = output_problem(out)
     if cfg.checkpoint_to and rank == 0 and problem is None:
@@ -182,14 +181,15 @@ def train(cfg: Config) -> dict:
             if cfg.checkpoint_to and (restored := durable.restore(out, cfg.checkpoint_to, cfg.aws_cli, cfg.aws_region)):
                 log(f"--resume: {restored}", flush=True)
             if found := newest_checkpoint(out, cfg.model):
-                start_epoch = restore(*found, net, optimizer, scaler, num_classes)
+                start_epoch, done = restore(*found, net, optimizer, scaler, num_classes, steps)
+                checkpoint.trim_metrics(out / "metrics.jsonl", start_epoch * steps + done)  # rows written again
                 log(f"resuming from {found[0].name}: epoch {start_epoch}, step {found[1]['step'] + 1}", flush=True)
             else:
                 log(f"--resume: no checkpoint in {out}; starting from scratch", flush=True)
         except (CheckpointError, durable.DurableError) as e:
             problem = str(e)
     # Distributed: every rank learns rank 0's verdict, then its parameters, optimizer state, loss scale and epoch.
-    start_epoch, problem = engine.broadcast_object((start_epoch, problem), "resume.verdict")
+    start_epoch, done, problem = engine.broadcast_object((start_epoch, done, problem), "resume.verdict")
     if problem:
         raise TrainError(problem, status=2)
     engine.broadcast_state(net, optimizer)
@@ -201,6 +201,17 @@ def train(cfg: Config) -> dict:
         metrics = open(out / "metrics.jsonl", "a")  # noqa: SIM115 - closed at the end of the run
         tb = tensorboard_writer(cfg.tensorboard, out / "tensorboard")
         uploader = durable.Uploader(cfg.checkpoint_to, cfg.aws_cli, cfg.aws_region, log) if cfg.checkpoint_to else None
+    # The write leaves the loop after a copy to host memory; S3 copies (background too) once the file is whole.
+    writer = CheckpointWriter(out, uploader.submit if uploader else None) if rank == 0 else None
+
+    def save_checkpoint(epoch: int, step: int) -> None:
+        # Distributed: average BatchNorm running statistics, so the checkpoint (and validation) hold one model; at
+        # the same steps with or without a resume, so a resumed run stays the uninterrupted one.
+        average_buffers(net, engine)
+        if writer is not None:
+            last = (step + 1) % steps == 0
+            writer.save(checkpoint.checkpoint_state(net, optimizer, scaler, asdict(cfg), epoch, step, steps),
+                        out / checkpoint.checkpoint_name(epoch, None if last else step + 1))
     source = "synthetic data" if cfg.synthetic else f"{num_classes} classes"
     log(f"training {cfg.model} on {world} rank(s) ({engine.name}), {source}, {steps} steps/epoch, "
         f"global batch {global_batch}, peak lr {peak:.4g}, {precision}, {device.type}", flush=True)
@@ -239,9 +250,11 @@ def train(cfg: Config) -> dict:
                 data, rank_shards(train_shards, rank, world), cfg.image_size, cfg.batch_per_gpu, train=True,
                 seed=cfg.seed, epoch=epoch, rank=rank, workers=cfg.workers, pin_memory=cuda, decode=cfg.decode,
                 num_classes=num_classes), cfg.image_size, device)
+        for _ in range(done):  # resumed mid-epoch: this epoch's order, less the batches the checkpoint holds
+            next(batches)
         epoch_start = window_start = time.perf_counter()
         loss_sum, skipped = torch.zeros((), device=device), 0
-        for i in range(steps):
+        for i in range(done, steps):
             step = epoch * steps + i
             lr = lr_at(step, steps, cfg.epochs, peak, cfg.warmup_epochs, cfg.warmup_start, cfg.decay)
             for group in optimizer.param_groups:
@@ -276,8 +289,8 @@ def train(cfg: Config) -> dict:
                 raise TrainError(f"--batch-per-gpu {cfg.batch_per_gpu} of {cfg.image_size}px images does not fit "
                                  f"in GPU memory with {cfg.model} ({precision}); use a smaller batch or "
                                  f"--backward-passes-per-step", everywhere=False) from None
-            n = (i % cfg.log_every) + 1
-            if n == cfg.log_every or i + 1 == steps:
+            n = min((i % cfg.log_every) + 1, i + 1 - done)  # steps in this window (fewer just after a resume)
+            if (i % cfg.log_every) + 1 == cfg.log_every or i + 1 == steps:
                 # Distributed: the logged loss is the mean over ranks.
                 mean_loss = float(engine.allreduce(loss_sum.cpu() / n, "mean", name="log.loss"))
                 now = time.perf_counter()
@@ -291,26 +304,17 @@ def train(cfg: Config) -> dict:
                 record(**row)
                 log(f"epoch {epoch} step {step + 1} lr {lr:.4g} loss {mean_loss:.4f} {ips:.0f} img/s", flush=True)
                 window_start, loss_sum = now, torch.zeros((), device=device)
+            if checkpoint.mid_epoch_due(step, steps, cfg.checkpoint_every):
+                save_checkpoint(epoch, step)
         del batches
         epoch_time = time.perf_counter() - epoch_start
         train_time += epoch_time
-        images_seen += steps * global_batch
+        images_seen += (steps - done) * global_batch
         skipped_total += skipped
-        # Distributed: average BatchNorm running statistics, so the checkpoint and validation use one model.
-        for name, buf in net.named_buffers():
-            if buf.is_floating_point():
-                buf.copy_(engine.allreduce(buf, "mean", name=f"bn.{name}"))
         record(epoch=epoch, step=(epoch + 1) * steps, lr=lr, loss=mean_loss,
-               images_per_sec=steps * global_batch / epoch_time, epoch_time_s=epoch_time)
-        if rank == 0:
-            save_atomic({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                         "scaler": scaler.state_dict(), "epoch": epoch, "step": (epoch + 1) * steps - 1,
-                         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                                 "numpy": np.random.get_state()},
-                         "config": asdict(cfg)},
-                        out / f"checkpoint-epoch{epoch:03d}.pt")
-            if uploader:  # copied to S3 by a background thread while the next epoch trains
-                uploader.submit(out / f"checkpoint-epoch{epoch:03d}.pt")
+               images_per_sec=(steps - done) * global_batch / epoch_time, epoch_time_s=epoch_time)
+        save_checkpoint(epoch, (epoch + 1) * steps - 1)
+        done = 0
         if cfg.val_every and (epoch + 1) % cfg.val_every == 0 and epoch + 1 < cfg.epochs and not cfg.synthetic:
             val = validation(epoch, (epoch + 1) * steps, lr, mean_loss)
 
@@ -328,6 +332,8 @@ def train(cfg: Config) -> dict:
     if cfg.dump_rank_params:
         torch.save({k: v.detach().cpu() for k, v in net.named_parameters()}, out / f"params-rank{rank}.pt")
     if rank == 0:
+        writer.close()
+        summary["checkpoint_stall_s"] = writer.stall_s
         if uploader:
             uploader.close()
             if line := uploader.summary():
@@ -343,6 +349,13 @@ def train(cfg: Config) -> dict:
             f"{summary['images_per_sec']:.0f} img/s, {train_time:.1f} s", flush=True)
     engine.shutdown()
     return summary
+
+
+def average_buffers(net: torch.nn.Module, engine) -> None:
+    # Distributed: each rank's BatchNorm running statistics, replaced by their mean over the ranks.
+    for name, buf in net.named_buffers():
+        if buf.is_floating_point():
+            buf.copy_(engine.allreduce(buf, "mean", name=f"bn.{name}"))
 
 
 @torch.no_grad()
@@ -391,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg)
     except BaseException as e:  # noqa: BLE001 - each kind ends below, with its line and status
+        finish_writes()  # a checkpoint write in flight ends whole before os._exit stops its thread
         if _interrupted or isinstance(e, KeyboardInterrupt):
             # Ctrl-C reaches every rank (the terminal's process group, or mpirun/torchrun passing it on): rank 0
             # says it once; 130 is how a shell reports SIGINT (128 + 2). save_atomic left no half checkpoint, and

@@ -81,14 +81,18 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                                             help="Also copy each epoch's checkpoint to S3 in the background (with a "
                                                  "completion marker); --resume restores the newest complete one "
                                                  "from there when --out lost it. The bucket must be in the "
-                                                 "stack's region.")):
+                                                 "stack's region."),
+          checkpoint_every: int = typer.Option(None, "--checkpoint-every", metavar="STEPS",
+                                               help="Also checkpoint every STEPS steps inside an epoch (written in "
+                                                    "the background; --resume continues mid-epoch); default: at "
+                                                    "each epoch's end only.")):
     """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
     o = _checked(trainer_args, nodes=nodes, data=data, model=model, image_size=image_size, epochs=epochs,
                  batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers, engine=engine,
                  reducers=reducers, out=out, output=output, resume=resume, teardown=teardown, region=region,
                  profile=profile, ready_timeout=ready_timeout, probe_interval=probe_interval,
                  probe_misses=probe_misses, stall_timeout=stall_timeout, max_restarts=max_restarts,
-                 checkpoint_to=checkpoint_to)
+                 checkpoint_to=checkpoint_to, checkpoint_every=checkpoint_every)
     c, stack = target(cluster)
     if stack is not None:
         _on_aws(c, stack, cluster, o)
@@ -128,7 +132,8 @@ def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | N
              epochs: int, batch_per_gpu: int, warmup_epochs: float | None, workers: int | None, engine: str,
              reducers: int, out: str | None, output: str | None, resume: bool, teardown: bool, region: str | None,
              profile: str | None, ready_timeout: float, probe_interval: float, probe_misses: int,
-             stall_timeout: float, max_restarts: int, checkpoint_to: str | None) -> _Options:
+             stall_timeout: float, max_restarts: int, checkpoint_to: str | None,
+             checkpoint_every: int | None = None) -> _Options:
     """Every option checked here, before a cluster or AWS is asked: a bad one is a usage error (exit 2, one line)."""
     from training.model import check_model
     from training.schedule import default_warmup_epochs, epochs_problem, warmup_problem
@@ -171,6 +176,11 @@ def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | N
             durable.parse_target(checkpoint_to)
         except durable.DurableError as e:
             raise usage_error(str(e)) from None
+    if checkpoint_every is not None and checkpoint_every < 1:  # absent: the trainer's default, each epoch's end
+        raise usage_error(f"--checkpoint-every must be a number of steps >= 1 (leave it out for one checkpoint per "
+                          f"epoch), got {checkpoint_every}")
+    if checkpoint_every is not None:  # passed through to the trainer (training/options.py), ahead of the user's own
+        trainer_args = ["--checkpoint-every", str(checkpoint_every), *(trainer_args or ())]
     if probe_misses < 1:
         raise usage_error(f"--probe-misses must be >= 1, got {probe_misses}")
     if not stall_timeout >= 0:

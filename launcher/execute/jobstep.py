@@ -145,8 +145,7 @@ def newest_checkpoint_epoch(output: Path) -> int | None:
         files = [results.RemoteFile(p.name, p.stat().st_size) for p in output.iterdir() if p.is_file()]
     except OSError:
         return None
-    index = results.checkpoint_index(files)
-    return index[-1]["epoch"] if index else None
+    return results.resumes_after(results.checkpoint_index(files))
 
 
 def _record_unrecorded_loss(output: Path, restart: int) -> None:
@@ -230,6 +229,40 @@ def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             continue
 
 
+def _refuse_short_nodes(hosts: list[str], job_id: str, restart: int, a: argparse.Namespace) -> int | None:
+    """Before the first step of every attempt: the node check (launcher/execute/nodecheck.py). A node that falls
+    short is drained with its figures and the job requeued (a restart like a lost node's, in the run's record), to
+    start again on the nodes that pass and the drained node's replacement; None when every node passes."""
+    from launcher.execute import nodecheck
+
+    short = nodecheck.refuse_short(hosts, node_addresses(hosts), job_id, say)
+    if not short:
+        return None
+    output = Path(a.output)
+    why = "; ".join(s.reason() for s in short)
+    if restart >= a.max_restarts:
+        print(f"error: job {job_id} refused {', '.join(s.node for s in short)} ({why}) and has no restart left "
+              f"(--max-restarts {a.max_restarts}); the node is drained", flush=True)
+        return 1
+    record = output / restarts.RECORD_FILE
+    try:
+        history = json.loads(record.read_text()).get("history", [])
+    except (OSError, ValueError):
+        history = []
+    newest = newest_checkpoint_epoch(output)
+    step = restarts.Restart(attempt=restart + 1, why=why, lost=[s.node for s in short],
+                            resumed_from_epoch=newest + 1 if newest is not None else 0, epochs_lost=0.0, progress=None)
+    write_atomic(record, restarts.record([restarts.Restart(**h) for h in history] + [step]))
+    say(f"requeueing job {job_id} (restart {restart + 1} of {a.max_restarts}) without "
+        f"{', '.join(s.node for s in short)}, before its first step")
+    # scontrol(1) "requeue <job_list>": "Requeue a running, suspended or finished Slurm batch job into pending state"
+    # (https://slurm.schedmd.com/scontrol.html#OPT_requeue).
+    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"error: Slurm would not requeue job {job_id}: {done.stderr.strip()}", flush=True)
+    return 1
+
+
 def main(args: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launcher.execute.jobstep")
     p.add_argument("--max-restarts", type=int, default=0)
@@ -244,6 +277,8 @@ def main(args: list[str] | None = None) -> int:
     p.add_argument("--no-resume", action="store_true",
                    help="add no --resume to a restarted job: a user's command (launch run) reads "
                         "SCALETRAIN_RESTART_COUNT instead")
+    p.add_argument("--no-node-check", action="store_true",
+                   help="start without the ring bandwidth test that drains a slow node (launcher/plans/nodecheck.py)")
     p.add_argument("mpirun", nargs=argparse.REMAINDER)
     a = p.parse_args(args)
     mpirun = a.mpirun[1:] if a.mpirun[:1] == ["--"] else a.mpirun
@@ -276,6 +311,8 @@ def main(args: list[str] | None = None) -> int:
     if restart and not a.no_resume and "--resume" not in mpirun:
         mpirun = [*mpirun, "--resume"]
     wait_whole(hosts)
+    if not a.no_node_check and (refused := _refuse_short_nodes(hosts, job_id, restart, a)) is not None:
+        return refused
     from launcher.execute import progresswatch
 
     watcher = progresswatch.Watcher(Path(a.output), say).start()  # names a straggler while the run goes on

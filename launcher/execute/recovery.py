@@ -16,7 +16,7 @@ def newest_checkpoint_epoch(c: Cluster, first: Node, out: str) -> int | None:
     """The epoch of the newest complete checkpoint in ``out`` (what --resume starts after), or None."""
     code, text = remote.check(c, first, f"cd {shlex.quote(out)} && {results.LISTING}", timeout_s=60)
     index = results.checkpoint_index(results.parse_listing(text)) if code == 0 else []
-    return index[-1]["epoch"] if index else None
+    return results.resumes_after(index)
 
 
 def write_record(c: Cluster, first: Node, out: str, history: list[restarts.Restart]) -> None:

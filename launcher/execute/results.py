@@ -20,12 +20,15 @@ from launcher.errors import LaunchError
 from launcher.execute import remote
 
 __all__ = ["LISTING", "RECORD", "RemoteFile", "checkpoint_index", "fetch", "fetch_plan", "local_copy",
+           "resumes_after",
            "parse_listing"]
 
 # Small files of a run: metrics once it has begun, restarts.json when it had any (launch train --max-restarts).
 RECORD = ("metrics.jsonl", "summary.json", "hostfile", "restarts.json")
 TENSORBOARD = "tensorboard/"
-CHECKPOINT = re.compile(r"^checkpoint-epoch(\d+)\.pt$")
+# The trainer's checkpoint names (training/checkpoint.py NAME): checkpoint-epochNNN.pt at an epoch's end,
+# checkpoint-epochNNN-stepSSSSSSSS.pt inside epoch NNN after SSSSSSSS steps of the run (--checkpoint-every).
+CHECKPOINT = re.compile(r"^checkpoint-epoch(\d+)(?:-step(\d+))?\.pt$")
 # Every file at most two levels down (the run directory and tensorboard/), with its size; GNU find on the nodes.
 LISTING = "find . -maxdepth 2 -type f -printf '%P\\t%s\\n'"
 
@@ -47,9 +50,22 @@ def parse_listing(text: str) -> list[RemoteFile]:
 
 
 def checkpoint_index(files: list[RemoteFile]) -> list[dict]:
-    """The run's checkpoints, oldest epoch first: what `--resume` would start from is the last."""
-    found = [(int(m.group(1)), f) for f in files if (m := CHECKPOINT.match(f.path))]
-    return [{"name": f.path, "epoch": epoch, "bytes": f.size} for epoch, f in sorted(found, key=lambda x: x[0])]
+    """The run's checkpoints, oldest first (by epoch, then steps; an epoch's end after its mid-epoch ones): what
+    `--resume` would start from is the last. "step": the run's steps a mid-epoch one holds; None at an epoch's end."""
+    found = [(int(m.group(1)), None if m.group(2) is None else int(m.group(2)), f)
+             for f in files if (m := CHECKPOINT.match(f.path))]
+    found.sort(key=lambda x: (x[0], float("inf") if x[1] is None else x[1]))
+    return [{"name": f.path, "epoch": epoch, "step": step, "bytes": f.size} for epoch, step, f in found]
+
+
+def resumes_after(index: list[dict]) -> int | None:
+    """The last epoch the newest checkpoint holds whole (what --resume starts after, in epochs), or None: a
+    mid-epoch checkpoint of epoch N holds epochs up to N - 1 whole."""
+    if not index:
+        return None
+    newest = index[-1]
+    whole = newest["epoch"] if newest.get("step") is None else newest["epoch"] - 1
+    return whole if whole >= 0 else None
 
 
 def fetch_plan(files: list[RemoteFile], *, newest_checkpoint: bool) -> list[RemoteFile]:

@@ -1,0 +1,97 @@
+"""Rank 0's checkpoint writes, off the training loop: the step waits only for a copy of the state to host memory;
+one background thread writes that copy (training.checkpoint.save_atomic: temporary file, fsync, rename), then
+deletes the mid-epoch checkpoints a newer one made stale, then hands the file to the S3 uploader, if any.
+
+One write is in flight at most: the next checkpoint waits for the previous one first, so host memory holds at most
+two copies of the state (the one being written, the one being made). PyTorch's own asynchronous checkpointing works
+the same way, "first a copy of the state dict to CPU, then the write on a separate thread", and warns that the
+copy must finish before the next optimizer step changes the tensors (torch.distributed.checkpoint.async_save,
+https://docs.pytorch.org/docs/stable/distributed.checkpoint.html; the "Asynchronous Saving with Distributed
+Checkpoint (DCP)" recipe, https://docs.pytorch.org/tutorials/recipes/distributed_async_checkpoint_recipe.html).
+The copy here is a clone of every tensor, so the training loop may change its own at once.
+
+A run's end, an error and Ctrl-C all go through `finish_writes`: the write in flight is finished (it was already
+written to a hidden temporary name; save_atomic renames only a whole, fsync'ed file), never left half-done under a
+checkpoint's name, because the trainer's exit (training.distributed.leave, os._exit) kills threads where they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from training.checkpoint import save_atomic, stale_mid_epoch
+
+_LIVE: weakref.WeakSet[CheckpointWriter] = weakref.WeakSet()
+
+
+def to_host(obj):
+    """A copy of `obj` (a state: dicts, lists, tuples of tensors and plain values) that shares no tensor memory with
+    it: every tensor cloned into CPU memory (on CPU, a clone; `to("cpu")` alone would return the same tensor)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_host(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_host(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class CheckpointWriter:
+    """`save(state, path)` returns once `state` is copied to host memory (the seconds the caller waited: the write
+    before it, then the copy); the file appears whole at `path` later. `after(path)`: called in the writer's thread
+    once the file is whole (the S3 uploader's submit). `wait` and `close` raise a write's error in the caller."""
+
+    def __init__(self, out: Path, after: Callable[[Path], None] | None = None):
+        self.out, self.after = out, after
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.writes, self.stall_s = 0, 0.0
+        _LIVE.add(self)
+
+    def save(self, state: dict, path: Path) -> float:
+        start = time.perf_counter()
+        self.wait()
+        host = to_host(state)
+        self._thread = threading.Thread(target=self._write, args=(host, path), name="checkpoint-write", daemon=True)
+        self._thread.start()
+        waited = time.perf_counter() - start
+        self.writes, self.stall_s = self.writes + 1, self.stall_s + waited
+        return waited
+
+    def _write(self, state: dict, path: Path) -> None:
+        try:
+            save_atomic(state, path)
+            for name in stale_mid_epoch([p.name for p in self.out.glob("checkpoint-epoch*.pt")]):
+                (self.out / name).unlink(missing_ok=True)
+            if self.after is not None:
+                self.after(path)
+        except BaseException as e:  # noqa: BLE001 - handed to the training loop by wait()
+            self._error = e
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is whole; raise its error, if it had one."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    close = wait
+
+
+def finish_writes() -> None:
+    """Finish every write still in flight, ignoring their errors: the way out of a run that is ending anyway."""
+    for writer in list(_LIVE):
+        with contextlib.suppress(BaseException):  # the run's own error is the one to report
+            writer.wait()
