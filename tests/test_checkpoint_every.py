@@ -153,11 +153,14 @@ def test_a_failed_write_is_raised_in_the_training_loop(tmp_path):
     ckptwriter.finish_writes()  # nothing in flight, the error already handed over: quiet
 
 
-@pytest.mark.parametrize("value", ["-1", "x"])
-def test_trainer_refuses_a_negative_or_non_number(value, capsys):
+@pytest.mark.parametrize(("value", "said"), [("-1", "--checkpoint-every must be >= 0, got -1"),
+                                           ("x", "--checkpoint-every: invalid int value: 'x'")])
+def test_trainer_refuses_a_negative_or_non_number(value, said, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(["--output", "o", "--synthetic", "--checkpoint-every", value])
-    assert e.value.code == 2 and "--checkpoint-every" in capsys.readouterr().err
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [f"error: argument {said}"
+                                                                                   if value == "x" else
+                                                                                   f"error: {said}"]
     assert parse_args(["--output", "o", "--synthetic"]).checkpoint_every == 0
     assert parse_args(["--output", "o", "--synthetic", "--checkpoint-every", "1"]).checkpoint_every == 1
 
