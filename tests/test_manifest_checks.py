@@ -16,6 +16,7 @@ from PIL import Image
 from training import shards as shard_format
 from training.convert import convert
 from training.loader import DataError, ShardRef, load_manifest, make_loader, read_shard, shards_of
+from training.sample import make_sample
 from training.shards import tar_member
 
 WNIDS = ("n01440764", "n01443537", "n01484850")
@@ -31,11 +32,7 @@ def jpeg(colour: tuple[int, int, int], size=(40, 30)) -> bytes:
 def converted(tmp_path_factory) -> Path:
     """3 classes, 12 training and 6 validation images, in shards of 4."""
     root = tmp_path_factory.mktemp("manifest")
-    for i in range(18):
-        split = "train" if i < 12 else "val"
-        folder = root / "src" / split / WNIDS[i % 3]
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"s{i:03d}.JPEG").write_bytes(jpeg((20 * i % 256, 90, 160)))
+    make_sample(root / "src", classes=3, per_class=4, val_per_class=2, seed=1)
     convert(root / "src", root / "out", shard_size=4, seed=1)
     return root / "out"
 

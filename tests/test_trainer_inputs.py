@@ -5,7 +5,6 @@ Ctrl-C ends every rank with one line and 130, leaving no half-written file.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -18,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
 from training.convert import convert
+from training.sample import make_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 WNIDS = ("n01440764", "n01443537", "n01484850", "n01491361")
@@ -74,15 +73,9 @@ def one_line(results: list[tuple[int, str, str]], status: int) -> str:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    """4 classes, 16 training and 8 validation images of 24x20 px, in shards of 4."""
+    """4 classes, 16 training and 8 validation images, in shards of 4."""
     root = tmp_path_factory.mktemp("inputs")
-    for i in range(24):
-        split = "train" if i < 16 else "val"
-        folder = root / "src" / split / WNIDS[i % 4]
-        folder.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        Image.new("RGB", (24, 20), (60 * (i % 4), 40, 200 - 40 * (i % 4))).save(buf, format="JPEG")
-        (folder / f"s{i:03d}.JPEG").write_bytes(buf.getvalue())
+    make_sample(root / "src", classes=4, per_class=4, val_per_class=2, seed=0)
     convert(root / "src", root / "out", shard_size=4, seed=0)
     return root / "out"
 
