@@ -1,0 +1,160 @@
+"""The node check before a job's first step (launcher/plans/nodecheck.py decides): the ring of pairs measured over
+the allocation, one task per node started with srun, and a node that falls short drained.
+
+``refuse_short`` runs on the job's step; ``python -m launcher.execute.nodecheck --hosts ... --addresses ...`` is one
+node's part: it listens for its predecessor's bytes and counts them, and sends its own to its successor for
+PAIR_SECONDS or PAIR_BYTES, printing one JSON line with what the successor counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.plans import nodecheck
+
+PORT = 29417
+CHUNK = 256 * 1024
+# A small send buffer: after the time is up, what is still queued drains in well under a second even on a link shaped
+# to a few Mbit/s (the kernel's default grows it to 4 MiB: 6 s at 5 Mbit/s).
+SEND_BUFFER = 128 * 1024
+SRUN_TIMEOUT_S = 30        # srun's start on every node, the pairs' PAIR_SECONDS, the last bytes' drain
+CONNECT_WITHIN_S = 10.0    # the successor's task may start later than this one
+HEALTH_CHECK = "/etc/slurm/healthcheck.sh"   # plans/slurm.HEALTH_CHECK: the node's own statement of its kind
+
+
+def _receive(server: socket.socket, deadline: float) -> None:
+    server.settimeout(max(1.0, deadline - time.monotonic()))
+    conn, _ = server.accept()
+    with conn:
+        conn.settimeout(max(1.0, deadline - time.monotonic()))
+        count = 0
+        while chunk := conn.recv(CHUNK):
+            count += len(chunk)
+        conn.sendall(struct.pack("!Q", count))
+
+
+def _send(address: str, port: int, seconds: float, limit: int, deadline: float) -> tuple[int, float]:
+    while True:
+        try:
+            conn = socket.create_connection((address, port), timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    with conn:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        conn.settimeout(max(1.0, deadline - time.monotonic()))
+        buf = memoryview(bytes(CHUNK))
+        start = time.monotonic()
+        sent = 0
+        while sent < limit and time.monotonic() - start < seconds:
+            sent += conn.send(buf[:min(CHUNK, limit - sent)])
+        conn.shutdown(socket.SHUT_WR)
+        got = b""
+        while len(got) < 8 and (more := conn.recv(8 - len(got))):
+            got += more
+        return struct.unpack("!Q", got)[0], time.monotonic() - start
+
+
+def measure(argv: list[str] | None = None) -> int:
+    """One node's part of the ring (run by srun, one task per node)."""
+    p = argparse.ArgumentParser(prog="python -m launcher.execute.nodecheck")
+    p.add_argument("--hosts", required=True)
+    p.add_argument("--addresses", required=True)
+    p.add_argument("--port", type=int, default=PORT)
+    p.add_argument("--seconds", type=float, default=nodecheck.PAIR_SECONDS)
+    p.add_argument("--bytes", type=int, default=nodecheck.PAIR_BYTES)
+    a = p.parse_args(argv)
+    hosts, addresses = a.hosts.split(","), a.addresses.split(",")
+    me = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    successor = dict(nodecheck.ring(hosts)).get(me)
+    if successor is None:
+        print(json.dumps({"node": me, "error": "not in the ring"}), flush=True)
+        return 1
+    deadline = time.monotonic() + CONNECT_WITHIN_S + a.seconds + 5
+    server = socket.create_server(("", a.port), reuse_port=False)
+    failed: list[str] = []
+
+    def receive() -> None:
+        try:
+            _receive(server, deadline)
+        except OSError as e:
+            failed.append(str(e))
+    # With two nodes each is the other's successor and predecessor: one listener, one sender, as with more.
+    receiver = threading.Thread(target=receive, daemon=True)
+    receiver.start()
+    try:
+        count, seconds = _send(addresses[hosts.index(successor)], a.port, a.seconds, a.bytes, deadline)
+        print(json.dumps({"sender": me, "receiver": successor, "bytes": count, "seconds": seconds}), flush=True)
+    except (OSError, struct.error) as e:
+        print(json.dumps({"sender": me, "receiver": successor, "error": str(e)}), flush=True)
+    receiver.join(max(0.0, deadline - time.monotonic()))
+    server.close()
+    return 0
+
+
+def expected_here() -> nodecheck.Expectation | None:
+    """What a pair should reach on this cluster's nodes, from the node's health check script and the catalog."""
+    try:
+        backend, instance_type = nodecheck.node_kind(Path(HEALTH_CHECK).read_text())
+    except OSError:
+        return None
+    gbps = None
+    if backend == "aws" and instance_type:
+        from infra import catalog
+
+        with contextlib.suppress(KeyError, ValueError):
+            gbps = catalog.get(instance_type).network_gbps
+    return nodecheck.expectation(backend, gbps, instance_type)
+
+
+def measure_ring(hosts: list[str], addresses: dict[str, str], job_id: str) -> list[nodecheck.Pair]:
+    argv = ["srun", "--overlap", f"--jobid={job_id}", f"-N{len(hosts)}", f"-n{len(hosts)}", "--ntasks-per-node=1",
+            f"--nodelist={','.join(hosts)}", sys.executable, "-m", "launcher.execute.nodecheck",
+            "--hosts", ",".join(hosts), "--addresses", ",".join(addresses.get(h, h) for h in hosts)]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=SRUN_TIMEOUT_S).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out = e.stdout.decode() if isinstance(e, subprocess.TimeoutExpired) and isinstance(e.stdout, bytes) else ""
+    pairs = []
+    for line in out.splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            d = json.loads(line)
+            if "error" not in d:
+                pairs.append(nodecheck.Pair(d["sender"], d["receiver"], int(d["bytes"]), float(d["seconds"])))
+    return pairs
+
+
+def refuse_short(hosts: list[str], addresses: dict[str, str], job_id: str,
+                 say: Callable[[str], None]) -> list[nodecheck.Short]:
+    """Measure, decide, say, and drain every node that falls short; the nodes drained."""
+    expected = expected_here()
+    if expected is None or len(hosts) < 2:
+        say("node check: skipped (" + ("one node" if len(hosts) < 2 else f"no node type in {HEALTH_CHECK}") + ")")
+        return []
+    started = time.monotonic()
+    verdict = nodecheck.decide(hosts, measure_ring(hosts, addresses, job_id), expected)
+    for line in verdict.lines:
+        say(line)
+    say(f"node check: {time.monotonic() - started:.1f} s")
+    for short in verdict.short:
+        # scontrol(1): "State=DRAIN ... Reason=<reason>" (https://slurm.schedmd.com/scontrol.html#OPT_Reason)
+        subprocess.run(["scontrol", "update", f"NodeName={short.node}", "State=DRAIN", f"Reason={short.reason()}"],
+                       capture_output=True)
+    return verdict.short
+
+
+if __name__ == "__main__":
+    sys.exit(measure())
