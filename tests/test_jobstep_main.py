@@ -271,3 +271,11 @@ def test_the_step_runs_as_slurm_runs_it(alloc, tmp_path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"[job] job {JOB}, attempt 2 (at most 2), on node0, node1" in done.stdout
     assert alloc.mpirun_argv() == ["-np", "4", "--resume"]
+
+
+def test_a_requeued_reducer_tier_job_gets_resume_in_the_workers_app_context_only() -> None:
+    """training.reducer takes no --resume (it exits 2 on one): in an MPMD line it ends the workers' app context."""
+    mpmd = ["mpirun", "-np", "2", "-host", "node0:1,node1:1", "python", "-m", "training.train", "--epochs", "1",
+            ":", "-np", "1", "-host", "reducer0:1", "python", "-m", "training.reducer", "--workers", "2"]
+    assert jobstep.with_resume(mpmd) == [*mpmd[:10], "--resume", *mpmd[10:]]
+    assert jobstep.with_resume(["mpirun", "python", "-m", "training.train"])[-1] == "--resume"

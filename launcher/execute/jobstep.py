@@ -6,6 +6,8 @@ of the allocation. It runs on the cluster, so nothing here depends on the launch
 2. It writes the hostfile from the allocation (`scontrol show hostnames`), with the nodes' slots.
 3. It runs the run's mpirun line, adding the trainer's --resume when Slurm restarted the job, and prints what it
    prints (the job's output file). No output for --stall-timeout seconds ends it (a rank stuck in a collective).
+   Before it, every attempt's first act on the nodes: the node check (launcher/execute/nodecheck.py), a ring of pairs
+   over the allocation; a node that falls short of its type's figure is drained with the reason and the job requeued.
 4. When mpirun fails, the decisions of launcher/plans/restarts.py say whether a node was lost and a restart is due:
    then the lost nodes are set DOWN (a replacement that registers under the same name returns them, ReturnToService=2)
    and the job is requeued (`scontrol requeue`); Slurm starts it again when the allocation is whole. A failure the
@@ -81,6 +83,13 @@ def with_hosts(argv: list[str], groups: list[str]) -> list[str]:
             out[i + 1] = groups[k]
             k += 1
     return out
+
+
+def with_resume(argv: list[str]) -> list[str]:
+    """The run's mpirun line with the trainer's --resume. In an MPMD line (reducers) it ends the workers' app context,
+    before Open MPI's ":" (mpirun(1), "Multiple Instruction Multiple Data"); training.reducer takes no --resume."""
+    at = argv.index(":") if ":" in argv else len(argv)
+    return [*argv[:at], "--resume", *argv[at:]]
 
 
 def unreachable(hosts: list[str]) -> dict[str, str]:
@@ -309,7 +318,7 @@ def main(args: list[str] | None = None) -> int:
         os.environ["MASTER_ADDR"] = node_addresses(workers[:1]).get(workers[0], workers[0])
         os.environ["MASTER_PORT"] = str(a.rendezvous_port)
     if restart and not a.no_resume and "--resume" not in mpirun:
-        mpirun = [*mpirun, "--resume"]
+        mpirun = with_resume(mpirun)
     wait_whole(hosts)
     if not a.no_node_check and (refused := _refuse_short_nodes(hosts, job_id, restart, a)) is not None:
         return refused
