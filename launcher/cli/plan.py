@@ -12,7 +12,7 @@ from rich.table import Table
 
 from launcher.cli.common import check_named, console, err, output_dir, plural, usage_error, validation_error
 from launcher.errors import LaunchError
-from launcher.plans import job
+from launcher.plans import checkpointing, job
 
 app = typer.Typer()
 
@@ -55,6 +55,10 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                                                  "`launch data convert --resize 256`: the loader decodes faster."),
              market: str = typer.Option("on-demand", "--market", help="on-demand or spot (spot prices come from "
                                                                      "`launch cost --refresh-prices`)."),
+             spot_interruption: str = typer.Option("<5%", "--spot-interruption", help="With --market spot: the "
+                                                   "Spot Instance Advisor's frequency of interruption for the "
+                                                   "type (<5%, 5-10%, 10-15%, 15-20%, >20%), for the checkpoint "
+                                                   "interval."),
              workload_name: str = WorkloadOpt, params: int = ParamsOpt, sample_gflops: float = SampleGflopsOpt,
              samples_per_epoch: int = SamplesPerEpochOpt,
              as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables.")):
@@ -90,6 +94,8 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         raise usage_error(problem)
     if market not in MARKETS:
         raise usage_error(f"unknown market '{market}'; choose one of: {', '.join(MARKETS)}")
+    if problem := checkpointing.bucket_problem(spot_interruption):
+        raise usage_error(f"--spot-interruption: {problem}")
     workers = catalog_type(instance_type, "--instance-type")
     if reducer_type:
         catalog_type(reducer_type, "--reducer-type")
@@ -187,6 +193,10 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                   f"{lr(steps * epochs):g} at epoch {epochs} after {warmup:g} warmup epoch(s) "
                   f"({doc['steps_per_epoch']} steps per epoch, global batch {doc['global_batch']}; every epoch with "
                   f"--json)")
+    ckpt = checkpointing.advice(workload.checkpoint_bytes, constants.checkpoint_write_bytes_per_sec,
+                                e.epoch_time_s - e.checkpoint_s, e.step_time_s, e.market, e.nodes, spot_interruption)
+    for line in checkpointing.lines(ckpt, e.market, e.nodes, spot_interruption):
+        console.print(line, markup=False, highlight=False)
     for line in e.assumptions + doc["notes"]:
         console.print(f"  - {line}", markup=False, highlight=False)
 
