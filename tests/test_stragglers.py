@@ -4,6 +4,9 @@ slow; ranks that stopped moving. And the ranks' side (training/progress.py): wha
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 
 from launcher.plans import stragglers as sg
@@ -167,3 +170,23 @@ def test_a_requeued_attempts_steps_replace_the_old_ones(tmp_path):
     _write(d, 0, "node0", steps(3, first=10))  # resumed from a checkpoint at step 10
     w.read_new()
     assert [t.step for t in w.times[0]] == [10, 11, 12]
+
+
+def test_launch_jobs_reads_each_run_directorys_record_in_one_command(tmp_path):
+    """records_query, run by a shell as the head node runs it, prints each record after its directory's mark;
+    parse_records takes them apart: a missing record, a torn one and one of another shape name no one."""
+    good, torn, foreign, missing = (tmp_path / n for n in ("good run", "torn", "foreign", "missing"))
+    for d in (good, torn, foreign):
+        d.mkdir()
+    named = {"node": "node2", "ranks": [2], "ratio": 2.04, "since_step": 40, "phase": "data", "line": "x",
+             "seen_at": 1.0}
+    (good / sg.RECORD).write_text(json.dumps({"stragglers": [named]}))
+    (torn / sg.RECORD).write_text('{"stragglers": [{"node": "no')
+    (foreign / sg.RECORD).write_text(json.dumps({"stragglers": [{"node": "node1"}]}))
+    dirs = [str(good), str(torn), str(foreign), str(missing) + "/"]
+    text = subprocess.run(["sh", "-c", sg.records_query(dirs)], capture_output=True, text=True).stdout
+    found = sg.parse_records(text)
+    assert found == {str(good): [{"node": "node2", "ranks": [2], "ratio": 2.04, "since_step": 40, "phase": "data"}]}
+    assert sg.summary(found[str(good)]) == "node2 2.0x data from step 40"
+    assert sg.summary([]) == "-"
+    assert sg.records_query([]) == "true"

@@ -11,7 +11,7 @@ from launcher import cluster as clusters
 from launcher.cli.common import ClusterOpt, ProfileOpt, RegionOpt, check_aws_options, console, resolve, usage_error
 from launcher.errors import Detached
 from launcher.execute import slurmjobs
-from launcher.plans import slurm
+from launcher.plans import slurm, stragglers
 
 app = typer.Typer()
 
@@ -56,10 +56,12 @@ def _job_id(job_id: str) -> str:
 def jobs_(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = ProfileOpt,
           as_json: bool = typer.Option(False, "--json", help="One JSON array: id, name, state (queued, running, "
                                                                "succeeded, failed, cancelled), started, ended, "
-                                                               "nodes, restarts, output, stdout, exit_code.")):
+                                                               "nodes, restarts, output, stdout, exit_code, "
+                                                               "stragglers.")):
     """The cluster's jobs (Slurm's queue and its record of finished jobs), newest first."""
     check_aws_options(region, profile)
-    found = slurmjobs.jobs(resolve(cluster, region, profile, reach=True))
+    c = resolve(cluster, region, profile, reach=True)
+    found = slurmjobs.with_stragglers(c, slurmjobs.jobs(c))
     if as_json:
         print(json.dumps([j.as_json() for j in found], indent=1, allow_nan=False))  # strict JSON (RFC 8259)
         return
@@ -67,11 +69,12 @@ def jobs_(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pro
         console.print("no jobs")
         return
     table = Table()
-    for col in ("id", "name", "state", "started", "nodes", "restarts", "output"):
-        table.add_column(col, no_wrap=col != "output")
+    for col in ("id", "name", "state", "started", "nodes", "restarts", "stragglers", "output"):
+        table.add_column(col, no_wrap=col not in ("output", "stragglers"))
     for j in found:
         table.add_row(j.id, j.name, j.state + (f" ({j.reason})" if j.reason and j.state == "queued" else ""),
-                      j.started or "-", j.nodes, str(j.restarts), j.output or "-")
+                      j.started or "-", j.nodes, str(j.restarts), stragglers.summary(list(j.stragglers)),
+                      j.output or "-")
     console.print(table)
 
 

@@ -20,7 +20,7 @@ from launcher.plans import stragglers
 
 EVERY_S = 5.0
 KEEP = 4 * stragglers.WINDOW
-RECORD = "stragglers.json"
+RECORD = stragglers.RECORD
 _NAME = re.compile(r"rank-(\d+)@([^/]+)\.tsv")
 
 

@@ -9,6 +9,7 @@ running.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import sys
 import time
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from launcher.cluster import Cluster, Node
 from launcher.errors import LaunchError
 from launcher.execute import remote
-from launcher.plans import slurm
+from launcher.plans import slurm, stragglers
 
 KEEPALIVE_S = 15           # SSH keepalive on the follower's connection (paramiko's Transport.set_keepalive)
 POLL_S = 2.0               # how often a followed job's state and output are read
@@ -102,6 +103,24 @@ def jobs(c: Cluster, job_id: str | None = None, *, conn=None) -> list[slurm.Job]
         if not found:
             raise LaunchError(f"no job {job_id} on cluster '{c.name}'; `launch jobs --cluster {c.name}` lists them")
     return found
+
+
+STRAGGLER_JOBS = 20  # the newest jobs whose run directories `launch jobs` reads a straggler record from
+
+
+def with_stragglers(c: Cluster, found: list[slurm.Job]) -> list[slurm.Job]:
+    """The jobs, each with the stragglers its run directory's record names (progresswatch writes it on the job's
+    first node; the head node mounts the same storage), read in one command for the newest that started."""
+    outputs = list(dict.fromkeys(j.output for j in found[:STRAGGLER_JOBS] if j.output and j.state != "queued"))
+    if not outputs:
+        return found
+    try:
+        _, text = remote.check(c, head_of(c), stragglers.records_query(outputs), timeout_s=30)
+    except LaunchError:
+        return found  # the table without them, as before: the queue itself was read
+    named = stragglers.parse_records(text)
+    return [dataclasses.replace(j, stragglers=tuple(named.get(j.output, ()))) if j.output in named else j
+            for j in found]
 
 
 def cancel(c: Cluster, job_id: str) -> slurm.Job:

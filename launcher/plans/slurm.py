@@ -415,11 +415,13 @@ class Job:
     stdout: str | None                       # the job's output file
     exit_code: str
     reason: str | None                       # why it waits, or why it failed (Slurm's Reason)
+    stragglers: tuple[dict, ...] = ()        # what its run directory's stragglers.json names (plans/stragglers.py)
 
     def as_json(self) -> dict:
         return {"id": self.id, "name": self.name, "state": self.state, "slurm_state": self.slurm_state,
                 "started": self.started, "ended": self.ended, "nodes": self.nodes, "restarts": self.restarts,
-                "output": self.output, "stdout": self.stdout, "exit_code": self.exit_code, "reason": self.reason}
+                "output": self.output, "stdout": self.stdout, "exit_code": self.exit_code, "reason": self.reason,
+                "stragglers": list(self.stragglers)}
 
 
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z:/]*)=")

@@ -19,6 +19,8 @@ that waits for the device, which names no one yet.
 
 from __future__ import annotations
 
+import json
+import shlex
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -138,3 +140,35 @@ def ranges(ranks: Iterable[int]) -> str:
         else:
             out.append(str(r))
     return ", ".join(out)
+
+
+RECORD = "stragglers.json"  # in the run directory: launcher/execute/progresswatch.py writes it, `launch jobs` reads it
+RECORD_MARK = "@@stragglers@@"
+
+
+def records_query(outputs: Iterable[str]) -> str:
+    """One shell line printing each run directory's straggler record after a mark naming the directory (`launch
+    jobs` reads them all in one round trip to the head node, which mounts the shared storage)."""
+    return "; ".join(f"echo {shlex.quote(RECORD_MARK + d)}; cat {shlex.quote(d.rstrip('/') + '/' + RECORD)} "
+                     f"2>/dev/null" for d in outputs) or "true"
+
+
+def parse_records(text: str) -> dict[str, list[dict]]:
+    """Run directory -> the stragglers its record names, from :func:`records_query`'s output. A record that is
+    missing, torn or not this shape names none: the table must not fail over a file on shared storage."""
+    found: dict[str, list[dict]] = {}
+    for chunk in text.split(RECORD_MARK)[1:]:
+        directory, _, body = chunk.partition("\n")
+        try:
+            named = json.loads(body)["stragglers"]
+            found[directory] = [{"node": str(s["node"]), "ranks": [int(r) for r in s["ranks"]],
+                                 "ratio": float(s["ratio"]), "since_step": int(s["since_step"]),
+                                 "phase": str(s["phase"])} for s in named]
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def summary(named: list[dict]) -> str:
+    """`launch jobs`' cell: "node2 2.1x data from step 40", comma-separated; "-" for none."""
+    return ", ".join(f"{s['node']} {s['ratio']:.1f}x {s['phase']} from step {s['since_step']}" for s in named) or "-"
