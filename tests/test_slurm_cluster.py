@@ -418,6 +418,47 @@ def test_a_frozen_nodes_ranks_are_located_with_every_ranks_stack_before_the_job_
     wait_for(lambda: job(home, job_id)["state"] in ("failed", "cancelled"), 120)
 
 
+def test_a_node_with_a_shaped_link_is_refused_before_the_first_step_and_the_job_runs_on_its_replacement(home):
+    """The issue's "done when": node1's link shaped to 5 Mbit/s (launch local fault --net) before the job starts. The
+    job's step measures the ring of pairs over its three nodes (node0, node1, reducer0) before the first step, names
+    node1 with its figure and the expected one, drains it with that reason and requeues the job; node1 replaced (as
+    an Auto Scaling group replaces an unhealthy instance), the job runs on the others and the replacement."""
+    from launcher.plans import nodecheck
+
+    config = str(home / "clusters/local/ssh_config")
+    run = node_run("shaped")
+    launch(home, "local", "fault", "node1", "--net", "5mbit", check=True)
+    proc = launch_background(home, "train", "--data", SHARDS, "--epochs", "1", *TINY, "--reducers", "1",
+                             "--max-restarts", "1", "--output", run)
+    try:
+        job_id = submitted(proc)
+        output = on_host(home, f"{run}/slurm-{job_id}.out")
+        wait_for(lambda: output.exists() and "requeueing job" in output.read_text(), 180)
+        text = output.read_text()
+        assert "epoch " not in text.split("requeueing job", 1)[0], text[-3000:]   # before the first step
+        refused = re.search(r"\[job\] node check: node1 refused: measured ([\d.,]+) Mbit/s, expected 1.00 Gbit/s "
+                            r"\(at least 500.0 Mbit/s\)", text)
+        assert refused and float(refused.group(1).replace(",", "")) < 50, text[-3000:]
+        assert not re.search(r"node check: (node0|reducer0) refused", text), text[-3000:]
+        took = re.search(r"\[job\] node check: ([\d.]+) s", text)
+        print(f"node check on 3 nodes: {took.group(1)} s")
+        node = subprocess.run(["ssh", "-F", config, "head", "scontrol --oneliner show node node1"],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "DRAIN" in node and f"Reason={nodecheck.REASON_PREFIX}" in node, node
+        assert f"{refused.group(1)} Mbit/s to and from its neighbours" in node, node
+    finally:
+        launch(home, "local", "fault", "node1", "--clear", check=True)
+    launch(home, "local", "kill", "node1", check=True)  # as an Auto Scaling group replaces an unhealthy instance
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and "run finished" in out, out[-4000:] + err[-2000:]
+    text = output.read_text()
+    assert "attempt 2" in text and "node check: every node at least" in text.split("attempt 2", 1)[1], text[-3000:]
+    print(f"node check on 3 healthy nodes: {re.findall(r'node check: ([0-9.]+) s', text)[-1]} s")
+    record = json.loads(on_host(home, f"{run}/restarts.json").read_text())
+    assert record["history"][0]["lost"] == ["node1"] and record["history"][0]["why"].startswith(
+        nodecheck.REASON_PREFIX)
+
+
 def test_unknown_job_and_bad_ids_are_one_line(home):
     assert_one_line_error(launch(home, "logs", "9999", "--cluster", "local"), "no job 9999")
     bad = launch(home, "cancel", "abc", "--cluster", "local")
