@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from launcher.execute import jobstep
-from launcher.plans import restarts, slurm
+from launcher.execute import nodecheck as nodecheck_step
+from launcher.plans import nodecheck, restarts, slurm
 
 JOB = "4242"
 NODES = ("node0", "node1")
@@ -95,6 +96,8 @@ class Allocation:
             monkeypatch.setenv(name, "unset-by-the-test")
         monkeypatch.setattr(jobstep, "WHOLE_WITHIN_S", 1.0)   # a silent node is waited for 1 s here, not 90
         monkeypatch.setattr(jobstep.socket, "gethostname", lambda: "node0")
+        # No node check unless a test writes the node's kind here (launcher/execute/nodecheck.py reads it).
+        monkeypatch.setattr(nodecheck_step, "HEALTH_CHECK", str(self.state / "healthcheck.sh"))
         self.sigterm = signal.getsignal(signal.SIGTERM)
 
     def listen(self, address: str, port: int) -> None:
@@ -279,3 +282,39 @@ def test_a_requeued_reducer_tier_job_gets_resume_in_the_workers_app_context_only
             ":", "-np", "1", "-host", "reducer0:1", "python", "-m", "training.reducer", "--workers", "2"]
     assert jobstep.with_resume(mpmd) == [*mpmd[:10], "--resume", *mpmd[10:]]
     assert jobstep.with_resume(["mpirun", "python", "-m", "training.train"])[-1] == "--resume"
+
+
+
+# --- The node check before the first step (launcher/plans/nodecheck.py decides) ----------------------------------
+
+def test_a_node_that_falls_short_is_drained_with_its_figures(alloc, monkeypatch, capsys) -> None:
+    (alloc.state / "healthcheck.sh").write_text("exec python -m launcher.doctor.health --backend local\n")
+    hosts = ["node0", "node1", "node2"]
+    slow = {"node1"}
+    monkeypatch.setattr(nodecheck_step, "measure_ring", lambda hosts, addresses, job: [
+        nodecheck.Pair(s, r, 1_000_000 if {s, r} & slow else 1_000_000_000, 1.0) for s, r in nodecheck.ring(hosts)])
+    short = nodecheck_step.refuse_short(hosts, {}, JOB, jobstep.say)
+    assert [s.node for s in short] == ["node1"]
+    drained = [c for c in alloc.calls() if c.startswith("scontrol update NodeName=node1 State=DRAIN Reason=")]
+    assert len(drained) == 1 and "8.0 Mbit/s to and from its neighbours" in drained[0], alloc.calls()
+    assert "[job] node check: node1 refused: measured 8.0 Mbit/s" in capsys.readouterr().out
+    slow.clear()   # every node at its figure: nothing drained
+    assert nodecheck_step.refuse_short(hosts, {}, JOB, jobstep.say) == [] and len(down_nodes(alloc.calls())) == 1
+
+
+@pytest.mark.parametrize(("restart", "max_restarts", "requeued"), [(0, 1, True), (1, 1, False)])
+def test_a_refused_node_requeues_the_job_before_its_first_step_while_restarts_are_left(
+        alloc, monkeypatch, capsys, restart, max_restarts, requeued) -> None:
+    expected = nodecheck.expectation("local", None)
+    monkeypatch.setattr(nodecheck_step, "refuse_short",
+                        lambda *_: [nodecheck.Short("node1", 4e6, expected)])
+    code = alloc.run(monkeypatch, restart=restart, max_restarts=max_restarts)
+    out = capsys.readouterr().out
+    assert code == 1 and alloc.mpirun_argv() is None   # no step started
+    assert (f"scontrol requeue {JOB}" in alloc.calls()) is requeued
+    if requeued:
+        history = json.loads((alloc.output / restarts.RECORD_FILE).read_text())["history"]
+        assert history[-1]["lost"] == ["node1"] and history[-1]["why"].startswith(nodecheck.REASON_PREFIX)
+    else:
+        assert f"error: job {JOB} refused node1" in out and "no restart left" in out
+    assert alloc.run(monkeypatch, restart=restart, max_restarts=max_restarts, extra=("--no-node-check",)) == 0

@@ -16,9 +16,16 @@ what the node's link allows):
   Gbps inside one). The expected figure is the smaller of that and the catalog's network_gbps for the type.
 - the local rehearsal nodes: a veth pair has no line rate of its own (the kernel moves the bytes in memory), so the
   figure is this project's: LOCAL_EXPECTED_BPS, one gigabit per second. One Python TCP flow between two rehearsal
-  nodes moved 2-6 Gbit/s on this project's 2-core CI machine with the three pairs of a 3-node ring at once; a node
-  shaped by a fault drill (launch local fault NODE --net 5mbit) reaches about 5 Mbit/s. Half of a gigabit, 500
-  Mbit/s, sits 4x below the slowest healthy figure seen and 100x above a shaped node.
+  nodes moved 6.8-15.2 Gbit/s (64 MiB in 0.04-0.08 s) on this project's 2-core machine, shared with other users'
+  tests, with the three pairs of a 3-node ring at once; a node shaped by a fault drill (launch local fault NODE --net
+  5mbit) gave its pairs 4.4-4.7 Mbit/s (tests/test_slurm_cluster.py, ..._shaped_link_...). Half of a gigabit, 500
+  Mbit/s, sits 13x below the slowest healthy figure seen and 100x above a shaped node.
+
+Time added to a job's start (the job step's "node check: N s", srun's start on every node included): 0.5-0.6 s on
+three healthy rehearsal nodes, 3.2-3.5 s with one shaped (its pairs run the whole PAIR_SECONDS, then drain the send
+buffer). On 8 p4d.24xlarge (an estimate, not measured): the eight pairs run at once, each 64 MiB at the 5 Gbps
+single-flow limit, 0.11 s, so the time is srun's start on 8 nodes and an interpreter's on each, about 1-2 s; a slow
+node bounds it at PAIR_SECONDS plus that, under 5 s.
 
 A node that falls short is drained with REASON_PREFIX and its figures (scontrol(1): "State=DRAIN ... Reason=<reason>"
 "Identify the reason the node is in a DOWN, DRAINED, DRAINING, FAILING or FAIL state", SchedMD,
