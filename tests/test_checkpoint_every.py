@@ -227,3 +227,17 @@ def test_killed_mid_epoch_then_resumed_ends_with_bitwise_the_same_parameters(dat
     assert [(r["step"], "epoch_time_s" in r) for r in rows] == [(r["step"], "epoch_time_s" in r) for r in rows_straight]
     assert [r["lr"] for r in rows] == [r["lr"] for r in rows_straight]
     assert len(list(run.glob("checkpoint-epoch001-step*.pt"))) == 0  # stale once epoch 1's end was written
+
+
+def test_launch_train_passes_the_interval_to_the_trainer_ahead_of_the_users_own_options():
+    from launcher.cli.train import _checked
+    from launcher.plans import job
+
+    kw = dict(nodes=None, data=None, model="resnet18", image_size=32, epochs=2, batch_per_gpu=2, warmup_epochs=None,
+              workers=None, engine="ddp", reducers=0, out=None, output=None, resume=False, teardown=False,
+              region=None, profile=None, ready_timeout=0, probe_interval=15, probe_misses=4, stall_timeout=0,
+              max_restarts=0, checkpoint_to=None)
+    argv = job.trainer_argv("python", _checked(["--seed", "3"], **kw, checkpoint_every=5).spec("/d", "/o"))
+    assert argv[-4:] == ["--checkpoint-every", "5", "--seed", "3"]
+    assert "--checkpoint-every" not in job.trainer_argv("python", _checked(None, **kw).spec("/d", "/o"))
+    assert parse_args(argv[argv.index("--data"):]).checkpoint_every == 5  # the trainer reads it back
