@@ -377,6 +377,8 @@ def test_a_node_held_to_30_percent_of_its_cpu_is_named_a_straggler_with_its_phas
     assert [(k["node"], k["ranks"]) for k in kept] == [("node1", ranks)] and kept[0]["ratio"] > 1.5
     job_id = next(j["id"] for j in jobs(home) if j["output"] == run)
     assert named[0] in launch(home, "logs", job_id, "--cluster", "local", check=True).stdout
+    listed = next(j for j in jobs(home) if j["id"] == job_id)["stragglers"]  # launch jobs reads the same record
+    assert [(s["node"], s["ranks"], s["phase"]) for s in listed] == [(k["node"], k["ranks"], k["phase"]) for k in kept]
 
 
 def test_a_frozen_nodes_ranks_are_located_with_every_ranks_stack_before_the_job_stops(home):

@@ -46,8 +46,11 @@ def test_one_step_short_of_the_window_names_no_one_and_one_fast_step_in_it_clear
     assert sg.find(short, NODES) == []
     full = {r: steps(sg.WINDOW, forward=0.5 if NODES[r] == "node2" else 0.1) for r in NODES}
     assert [s.node for s in sg.find(full, NODES)] == ["node2"]
-    for r in (4, 5):  # a step in the window at the others' pace: not a straggler "for WINDOW steps in a row"
+    for r in (4, 5):  # one step in the window at the others' pace (another node's own slow step): still named
         full[r][3] = steps(1, first=3)[0]
+    assert [s.node for s in sg.find(full, NODES)] == ["node2"] and sg.TOLERATED == 1
+    for r in (4, 5):  # two such steps: not over the factor "for WINDOW steps in a row" but one
+        full[r][6] = steps(1, first=6)[0]
     assert sg.find(full, NODES) == []
 
 

@@ -5,12 +5,14 @@ step (training/progress.py writes them; nothing here adds a collective). In sync
 step together: a fast rank waits for the slow one inside the gradient reduction (Horovod's allreduce completes in
 ``optimizer.step()``, DDP's in ``backward()``: PyTorch's DDP notes, "Backward Pass"), so a step's length names no
 one. What a rank does alone does: the data it waits for and its forward pass involve no other rank. A node is a
-straggler when that local time, the median over its ranks, stays above FACTOR x the median of the other nodes for
-WINDOW steps in a row; the phase named is the local one (data or forward) that exceeds the others' most.
+straggler when that local time, the median over its ranks, stays above FACTOR x the median of the other nodes in
+all but TOLERATED of WINDOW steps in a row; the phase named is the local one (data or forward) that exceeds the
+others' most.
 
 FACTOR and WINDOW, measured here (2-core machine, CPU ranks, ResNet-18 at 32 px, batch 8): two healthy ranks' local
 times differ by up to 1.70x on a single step (median 1.07x, 90th percentile 1.39x, 18 steps; the reference run of
-tests/test_trainer_mpi.py), so one step names no one; but the least ratio over any 8 steps in a row was 1.01x. A node
+tests/test_trainer_mpi.py), so one step names no one; but the least ratio over any 8 steps in a row was 1.01x (and
+the second least stays near the median, 1.07x: one step in ten exceeds 1.39x). A node
 held to 30% of its CPU (`launch local fault node1 --cpu 0.3`, tests/test_slurm_cluster.py) stayed 2.0x over its 8
 steps. 1.5x over 8 steps lies between both. Not measured on GPUs, where the trainer times forward as launched (it
 adds no device synchronisation to the step): there a slow loader is named, and a slow GPU's time falls in the phase
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 FACTOR = 1.5
 WINDOW = 8
+TOLERATED = 1  # steps of the window that may fall under FACTOR (see find)
 FIELDS = ("step", "start", "data", "forward", "backward", "optimizer")
 LOCAL_PHASES = ("data", "forward")
 
@@ -51,7 +54,7 @@ class StepTime:
 class Straggler:
     node: str
     ranks: tuple[int, ...]
-    ratio: float            # its local time over the others' median, the least over the window
+    ratio: float            # its local time over the others' median, the least over the window but TOLERATED
     since_step: int
     phase: str              # data or forward
 
@@ -108,8 +111,13 @@ def find(times: Mapping[int, Iterable[StepTime]], nodes: Mapping[int, str], *, f
             for phase in LOCAL_PHASES:
                 excess[phase] += node_phase(node, step, phase) - statistics.median(
                     node_phase(o, step, phase) for o in node_ranks if o != node)
-        if min(ratios) > factor:
-            found.append(Straggler(node, tuple(ranks), min(ratios), common[0], max(excess, key=excess.__getitem__)))
+        # All but one of the window's steps: the one left out is the healthy nodes' own slow step, such as rank 0's
+        # checkpoint written in the background (training/ckptwriter.py) beside the steps after an epoch's end,
+        # which every window holds when an epoch has fewer steps than WINDOW (measured: the test run's 6 steps an
+        # epoch, node1 at 30% CPU, went unnamed in 2 of 3 runs on the least ratio alone).
+        held = sorted(ratios)[TOLERATED]
+        if held > factor:
+            found.append(Straggler(node, tuple(ranks), held, common[0], max(excess, key=excess.__getitem__)))
     return found
 
 
