@@ -241,3 +241,4 @@ def test_launch_train_passes_the_interval_to_the_trainer_ahead_of_the_users_own_
     assert argv[-4:] == ["--checkpoint-every", "5", "--seed", "3"]
     assert "--checkpoint-every" not in job.trainer_argv("python", _checked(None, **kw).spec("/d", "/o"))
     assert parse_args(argv[argv.index("--data"):]).checkpoint_every == 5  # the trainer reads it back
+    assert _checked(None, **kw).node_check and not _checked(None, **kw, node_check=False).node_check

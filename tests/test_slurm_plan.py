@@ -443,6 +443,17 @@ def test_a_ddp_jobs_rendezvous_is_the_job_steps_not_the_submitters():
     assert " --no-resume -- " in slurm.batch_script(slurm.BatchJob(**{**JOB.__dict__, "resume_flag": False}))
 
 
+def test_the_node_check_runs_unless_the_job_says_no():
+    """`launch train/run --no-node-check`: the step starts without the ring test (launcher/execute/jobstep.py, whose
+    parser takes it: tests/test_jobstep_main.py)."""
+    assert "--no-node-check" not in slurm.batch_script(JOB)
+    script = slurm.batch_script(slurm.BatchJob(**{**JOB.__dict__, "node_check": False}))
+    step = next(ln for ln in script.splitlines() if "launcher.execute.jobstep" in ln)
+    assert " --no-node-check -- " in step
+    argv = shlex.split(step)
+    assert "--no-node-check" in argv[argv.index("launcher.execute.jobstep") + 1:argv.index("--")]
+
+
 def test_forward_by_name_touches_only_the_named_exports():
     assert slurm.forward_by_name(["mpirun", "-x", "A=1", "-x", "B=2", "prog", "A=3"], ("A", "C")) == \
         ["mpirun", "-x", "A", "-x", "B=2", "prog", "A=3"]

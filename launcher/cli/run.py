@@ -142,6 +142,10 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
                                                    "(repeatable), as pip's --find-links."),
          no_requirements: bool = typer.Option(False, "--no-requirements",
                                               help="Install nothing, even with a requirements.txt in --workdir."),
+         node_check: bool = typer.Option(True, "--node-check/--no-node-check",
+                                          help="Before each attempt's first step, test every node's link in a "
+                                               "ring and drain one that falls short (requeueing the job); "
+                                               "--no-node-check starts at once."),
          region: str = RegionOpt, profile: str = ProfileOpt):
     """Run your own command on every node (one process per GPU), as a Slurm job; stream its output."""
     from launcher.plans import userjob
@@ -183,7 +187,8 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
     def on(c: clusters.Cluster) -> None:
         submit_run(c, command, nodes=nodes, workdir=workdir_path, procs=procs_per_node, engine=engine,
                    reducers=reducers, max_restarts=max_restarts, stall_timeout=stall_timeout,
-                   checkpoint_to=checkpoint_to, teardown=teardown, stamp=stamp, resolved=resolved)
+                   checkpoint_to=checkpoint_to, teardown=teardown, stamp=stamp, resolved=resolved,
+                   node_check=node_check)
 
     c, stack = target(cluster)
     with contextlib.ExitStack() as cleanup:
@@ -226,7 +231,7 @@ def _run_on(c: clusters.Cluster | None, stack: str | None, on, *, cluster: str |
 
 def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, workdir: Path, procs: int | None,
                engine: str, reducers: int, max_restarts: int, stall_timeout: float, checkpoint_to: str | None,
-               teardown: bool, stamp: str, resolved: Resolved | None = None) -> None:
+               teardown: bool, stamp: str, resolved: Resolved | None = None, node_check: bool = True) -> None:
     from launcher.cli import jobs as jobcli
     from launcher.cli.train import _shared_memory_gib
     from launcher.execute import run, slurmjobs, sync
@@ -270,7 +275,7 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
         name=f"run-{Path(command[0]).name}"[:40], nodes=len(chosen), slots=per_node, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
         shared_memory_gib=_shared_memory_gib(c), rendezvous_port=userjob.MASTER_PORT, resume_flag=False,
-        reducers=reducers, submitted_by="launch run"))
+        reducers=reducers, submitted_by="launch run", node_check=node_check))
     tier = f" and {reducers} reducer node(s)" if reducers else ""
     job_id, ended, seen = jobcli.submit_and_follow(
         c, script, output, f"{len(chosen)} node(s) x {per_node} process(es){tier}, run directory {output}")

@@ -85,14 +85,18 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           checkpoint_every: int = typer.Option(None, "--checkpoint-every", metavar="STEPS",
                                                help="Also checkpoint every STEPS steps inside an epoch (written in "
                                                     "the background; --resume continues mid-epoch); default: at "
-                                                    "each epoch's end only.")):
+                                                    "each epoch's end only."),
+          node_check: bool = typer.Option(True, "--node-check/--no-node-check",
+                                          help="Before each attempt's first step, test every node's link in a "
+                                               "ring and drain one that falls short (requeueing the job); "
+                                               "--no-node-check starts at once.")):
     """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
     o = _checked(trainer_args, nodes=nodes, data=data, model=model, image_size=image_size, epochs=epochs,
                  batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers, engine=engine,
                  reducers=reducers, out=out, output=output, resume=resume, teardown=teardown, region=region,
                  profile=profile, ready_timeout=ready_timeout, probe_interval=probe_interval,
                  probe_misses=probe_misses, stall_timeout=stall_timeout, max_restarts=max_restarts,
-                 checkpoint_to=checkpoint_to, checkpoint_every=checkpoint_every)
+                 checkpoint_to=checkpoint_to, checkpoint_every=checkpoint_every, node_check=node_check)
     c, stack = target(cluster)
     if stack is not None:
         _on_aws(c, stack, cluster, o)
@@ -122,6 +126,7 @@ class _Options:
     watch: watchdog.Watch
     stamp: str
     trainer: job.TrainSpec  # the trainer's options; each path fills in its data and run directory
+    node_check: bool = True  # the job's step tests the nodes' links before the first step (Slurm's paths)
 
     def spec(self, data_path: str, out: str = "", *, resume: bool | None = None) -> job.TrainSpec:
         return self.trainer.model_copy(update={"data": data_path, "output": out} |
@@ -133,7 +138,7 @@ def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | N
              reducers: int, out: str | None, output: str | None, resume: bool, teardown: bool, region: str | None,
              profile: str | None, ready_timeout: float, probe_interval: float, probe_misses: int,
              stall_timeout: float, max_restarts: int, checkpoint_to: str | None,
-             checkpoint_every: int | None = None) -> _Options:
+             checkpoint_every: int | None = None, node_check: bool = True) -> _Options:
     """Every option checked here, before a cluster or AWS is asked: a bad one is a usage error (exit 2, one line)."""
     from training.model import check_model
     from training.schedule import default_warmup_epochs, epochs_problem, warmup_problem
@@ -193,7 +198,7 @@ def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | N
                     stall_timeout=stall_timeout, region=region, profile=profile, ready_timeout=ready_timeout,
                     checkpoint_to=checkpoint_to, reducers=reducers, engine=engine,
                     watch=watchdog.Watch(interval_s=probe_interval, misses=probe_misses, stall_s=stall_timeout),
-                    stamp=time.strftime("%Y%m%d-%H%M%S"), trainer=trainer)
+                    stamp=time.strftime("%Y%m%d-%H%M%S"), trainer=trainer, node_check=node_check)
 
 
 def _on_local(c: clusters.Cluster, o: _Options) -> None:
@@ -354,7 +359,7 @@ def _on_slurm(c: clusters.Cluster, o: _Options, *, output: str, data: str | None
     script = slurm.batch_script(slurm.BatchJob(
         name=f"scaletrain-{spec.model}", nodes=len(chosen), slots=first.slots, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=o.max_restarts, stall_timeout_s=o.stall_timeout, teardown=o.teardown,
-        shared_memory_gib=_shared_memory_gib(c), reducers=spec.reducers,
+        shared_memory_gib=_shared_memory_gib(c), reducers=spec.reducers, node_check=o.node_check,
         rendezvous_port=job.DDP_PORT if spec.engine in ("ddp", "reducer") else None))
     from launcher.cli.jobs import submit_and_follow
 
