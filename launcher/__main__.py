@@ -14,17 +14,12 @@ signal module's page): the command unwinds through its cleanup as it would for a
 /dev/null so the interpreter's last flush cannot fail again."""
 
 # _signal, the built-in module `signal` wraps: importing `signal` itself first loads enum (about 10 ms here), long
-# enough for a Ctrl-C to land in it. What comes before this line is the interpreter's own start (site's .pth files).
+# enough for a Ctrl-C to land in it. Nothing here changes a handler at import: a test that imports this module must
+# keep its own Ctrl-C (run() takes the handler over while it loads the CLI, and gives it back).
 import _signal
-
-_interrupted_while_loading: list[int] = []
-if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:  # not where it was inherited ignored
-    _signal.signal(_signal.SIGINT, lambda signum, frame: _interrupted_while_loading.append(signum))
-
-import errno  # noqa: E402 - after the handler above, which must be in before anything slow loads
-import os  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
+import errno
+import os
+import sys
 
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE (13): what a shell reports for a writer the closed pipe killed
 
@@ -63,17 +58,25 @@ def _broken_pipe(e: BaseException) -> bool:
     return isinstance(cause, OSError) and cause.errno == errno.EPIPE and (_closed(sys.stdout) or _closed(sys.stderr))
 
 
-def _loaded() -> bool:
-    """Python's own SIGINT handler back (where it was ours to replace); False if a Ctrl-C came while loading."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    return not _interrupted_while_loading
+def _load_cli():
+    """launcher.cli's main, loaded with a Ctrl-C only recorded meanwhile (where Python's own handler was in place);
+    None when one came."""
+    previous, came = _signal.getsignal(_signal.SIGINT), []
+    ours = previous is _signal.default_int_handler  # not where it was inherited ignored, or a caller's own
+    if ours:
+        _signal.signal(_signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        _rich_raises_broken_pipe()
+        from launcher.cli import main
+    finally:
+        if ours:
+            _signal.signal(_signal.SIGINT, previous)
+    return None if came else main
 
 
 def run(argv: list[str] | None = None) -> int:
-    _rich_raises_broken_pipe()
-    from launcher.cli import main
-    if not _loaded():
+    main = _load_cli()
+    if main is None:
         print("error: interrupted", file=sys.stderr)
         return 130
     try:

@@ -52,3 +52,19 @@ def test_ctrl_c_at_any_moment_of_a_command_is_one_line_and_130(tmp_path):
         assert proc.returncode == 130, f"status {proc.returncode}: {err[-2000:]}"
         assert err.strip().splitlines() == ["error: interrupted"], err
     assert interrupted >= TRIES // 2, f"only {interrupted} of {TRIES} Ctrl-Cs came while the command ran"
+
+
+def test_importing_or_running_the_entry_point_leaves_the_callers_ctrl_c_as_it_was(capsys):
+    """A test that imports launcher.__main__ (tests/test_cli_pipe.py does) or calls its run() keeps its own SIGINT
+    handler: the entry point once took it over at import and never gave it back, and a later test in the same
+    process that interrupts itself (tests/test_data_interrupt.py) saw its Ctrl-C swallowed (fresh clone, 2026-11-28)."""
+    import importlib
+
+    from launcher import __main__ as entry
+
+    before = signal.getsignal(signal.SIGINT)
+    importlib.reload(entry)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert entry.run(["cost", "--help"]) == 0
+    assert signal.getsignal(signal.SIGINT) is before
+    capsys.readouterr()

@@ -428,6 +428,13 @@ def test_a_node_with_a_shaped_link_is_refused_before_the_first_step_and_the_job_
     from launcher.plans import nodecheck
 
     config = str(home / "clusters/local/ssh_config")
+
+    def nodes_state() -> str:
+        return subprocess.run(["ssh", "-F", config, "head", "sinfo -h -N -o '%N %t'; squeue -h"],
+                              capture_output=True, text=True, timeout=60).stdout
+
+    # The tests before leave their jobs completing and a frozen node catching up: the check needs all three idle.
+    wait_for(lambda: all(f"{n} idle" in nodes_state() for n in ("node0", "node1", "reducer0")), 300)
     run = node_run("shaped")
     launch(home, "local", "fault", "node1", "--net", "5mbit", check=True)
     proc = launch_background(home, "train", "--data", SHARDS, "--epochs", "1", *TINY, "--reducers", "1",
@@ -435,7 +442,11 @@ def test_a_node_with_a_shaped_link_is_refused_before_the_first_step_and_the_job_
     try:
         job_id = submitted(proc)
         output = on_host(home, f"{run}/slurm-{job_id}.out")
-        wait_for(lambda: output.exists() and "requeueing job" in output.read_text(), 180)
+        try:
+            wait_for(lambda: output.exists() and "requeueing job" in output.read_text(), 300)
+        except AssertionError:
+            raise AssertionError((output.read_text()[-3000:] if output.exists() else "no output yet") + "\n"
+                                 + nodes_state()) from None
         text = output.read_text()
         assert "epoch " not in text.split("requeueing job", 1)[0], text[-3000:]   # before the first step
         refused = re.search(r"\[job\] node check: node1 refused: measured ([\d.,]+) Mbit/s, expected 1.00 Gbit/s "

@@ -90,7 +90,11 @@ def run_pytest(tmp_path: Path, source: str, *extra: str) -> tuple[subprocess.Com
     done = subprocess.run([*namespace(), sys.executable, "-m", "pytest", "-p", "machine_check", "-p",
                            "no:cacheprovider", "-q", "-c", str(run / "tests" / "pytest.ini"), "--rootdir",
                            str(run / "tests"), "--basetemp", str(run / "basetemp"), *extra,
-                           str(run / "tests" / "test_tiny.py")], env=env, capture_output=True, text=True, timeout=300)
+                           str(run / "tests" / "test_tiny.py")], env=env, capture_output=True, text=True, timeout=300,
+                          # a session of its own: "started after the run began, in pytest's session" must not
+                          # take in another xdist worker's processes (a fresh clone flagged a concurrent
+                          # `launch local fault`, 2026-11-28)
+                          start_new_session=True)
     return done, run
 
 
