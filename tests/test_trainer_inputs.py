@@ -174,22 +174,30 @@ def test_resume_with_a_checkpoint_of_another_model_is_an_error(shards, finished,
                                     "another --output or the same --model")
 
 
-def test_ctrl_c_is_one_line_130_on_every_rank_and_leaves_no_half_file(tmp_path):
-    """Ctrl-C in a terminal reaches every rank at once (its process group): rank 0 says it, both end with 130, and
-    what they wrote is whole: every metrics line parses, no temporary checkpoint is left."""
-    out = tmp_path / "run"
-    procs = start("--synthetic", "--output", str(out), "--epochs", "50", "--steps-per-epoch", "3", "--log-every", "1",
-                  "--num-classes", "4", ranks=2)
+LONG_RUN = ("--synthetic", "--epochs", "50", "--steps-per-epoch", "3", "--log-every", "1", "--num-classes", "4")
+
+
+def signalled_after_a_checkpoint(out: Path, sig: int) -> list[tuple[int, str, str]]:
+    """Two ranks of a long synthetic run, sent `sig` each once the first checkpoint is written; how they ended. What
+    they wrote must be whole: every metrics line parses, no temporary checkpoint is left."""
+    procs = start(*LONG_RUN, "--output", str(out), ranks=2)
     deadline = time.monotonic() + 180
     while not list(out.glob("checkpoint-epoch*.pt")) and time.monotonic() < deadline and procs[0].poll() is None:
         time.sleep(0.05)
     assert procs[0].poll() is None, finish(procs)
     for p in procs:
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
     results = finish(procs, timeout=120)
-    assert one_line(results, 130) == "error: interrupted"
     assert not list(out.glob(".*tmp")), list(out.iterdir())
     assert all(json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+    return results
+
+
+def test_ctrl_c_is_one_line_130_on_every_rank_and_leaves_no_half_file(tmp_path):
+    """Ctrl-C in a terminal reaches every rank at once (its process group): rank 0 says it, both end with 130, and
+    what they wrote is whole."""
+    out = tmp_path / "run"
+    assert one_line(signalled_after_a_checkpoint(out, signal.SIGINT), 130) == "error: interrupted"
     for ckpt in out.glob("checkpoint-epoch*.pt"):
         assert torch.load(ckpt, weights_only=False)["config"]["model"] == "resnet18"
 
@@ -199,21 +207,11 @@ def test_sigterm_is_one_line_143_on_every_rank_also_for_a_rank_waiting_on_a_stop
     leaves no half file. Then the case a job is cancelled for: rank 1 stopped (SIGSTOP), rank 0 waiting for it in a
     collective, where a Python signal handler never runs: SIGTERM still ends rank 0 at once, with its line. Before,
     SIGTERM killed a rank where it was, with no line (status -15)."""
-    out = tmp_path / "run"
-    args = ("--synthetic", "--epochs", "50", "--steps-per-epoch", "3", "--log-every", "1", "--num-classes", "4")
-    procs = start(*args, "--output", str(out), ranks=2)
-    deadline = time.monotonic() + 180
-    while not list(out.glob("checkpoint-epoch*.pt")) and time.monotonic() < deadline and procs[0].poll() is None:
-        time.sleep(0.05)
-    assert procs[0].poll() is None, finish(procs)
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    assert one_line(finish(procs, timeout=120), 143) == "error: terminated (SIGTERM)"
-    assert not list(out.glob(".*tmp")), list(out.iterdir())
-    assert all(json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+    assert one_line(signalled_after_a_checkpoint(tmp_path / "run", signal.SIGTERM), 143) == \
+        "error: terminated (SIGTERM)"
 
     out = tmp_path / "stopped"
-    procs = start(*args, "--output", str(out), ranks=2)
+    procs = start(*LONG_RUN, "--output", str(out), ranks=2)
     try:
         deadline = time.monotonic() + 180
         while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
