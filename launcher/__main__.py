@@ -13,10 +13,8 @@ the closed pipe raises BrokenPipeError instead of killing the process (Python's 
 signal module's page): the command unwinds through its cleanup as it would for any error, then stdout is pointed at
 /dev/null so the interpreter's last flush cannot fail again."""
 
-# _signal, the built-in module `signal` wraps: importing `signal` itself first loads enum (about 10 ms here), long
-# enough for a Ctrl-C to land in it. Nothing here changes a handler at import: a test that imports this module must
-# keep its own Ctrl-C (run() takes the handler over while it loads the CLI, and gives it back).
-import _signal
+# Nothing here changes a signal handler at import: a test that imports this module keeps its own Ctrl-C (run()
+# holds it back only while it loads the CLI: launcher/loading.py).
 import errno
 import os
 import sys
@@ -59,19 +57,16 @@ def _broken_pipe(e: BaseException) -> bool:
 
 
 def _load_cli():
-    """launcher.cli's main, loaded with a Ctrl-C only recorded meanwhile (where Python's own handler was in place);
-    None when one came."""
-    previous, came = _signal.getsignal(_signal.SIGINT), []
-    ours = previous is _signal.default_int_handler  # not where it was inherited ignored, or a caller's own
-    if ours:
-        _signal.signal(_signal.SIGINT, lambda signum, frame: came.append(signum))
+    """launcher.cli's main, loaded with Ctrl-C held back meanwhile (launcher/loading.py); None when one came."""
+    from launcher.loading import held_back
+
     try:
-        _rich_raises_broken_pipe()
-        from launcher.cli import main
-    finally:
-        if ours:
-            _signal.signal(_signal.SIGINT, previous)
-    return None if came else main
+        with held_back():
+            _rich_raises_broken_pipe()
+            from launcher.cli import main
+    except KeyboardInterrupt:  # raised by held_back once the CLI was in: plain code, no exec() around it
+        return None
+    return main
 
 
 def run(argv: list[str] | None = None) -> int:

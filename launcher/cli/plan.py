@@ -370,6 +370,13 @@ def cost_cmd(instance_types: str = typer.Option(None, "--instance-types", help="
     for line in [*result.notes, *(n for n in (note, loader_note) if n)]:
         err.print(f"warning: {line}", markup=False, highlight=False)
     out = out_dir
+    from launcher.loading import held_back
+
+    with held_back():  # the report's plots: matplotlib loaded with Ctrl-C held back (launcher/loading.py says why)
+        import matplotlib
+
+        matplotlib.use("Agg")  # as cost/report.py renders, before pyplot picks a backend
+        from matplotlib import pyplot  # noqa: F401 - loaded here; cost/report.py uses it
     try:
         costreport.write_report(out, costreport.render(result))
     except OSError as e:

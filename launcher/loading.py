@@ -1,0 +1,38 @@
+"""Loading a library with Ctrl-C held back until it is in.
+
+A KeyboardInterrupt raised while a module loads is not a clean stop: inside a C extension's initialisation it
+surfaces as `ImportError: initialization failed` (matplotlib's ft2font, measured) or aborts the interpreter (status
+-6), and inside exec() of source text (dataclasses, pydantic) it leaves CPython's mark of an unhandled interrupt set,
+so that under `python -m` the process kills itself with SIGINT at exit (bpo-1054041). While a `held_back()` block
+runs, a Ctrl-C is only recorded; at its end Python's own handler is back and a recorded Ctrl-C is raised there, where
+the command ends it as any other (one line, status 130).
+
+It uses _signal, the built-in module `signal` wraps: importing `signal` first loads enum, long enough for a Ctrl-C
+to land in it. Only where Python's own handler is in place (not where SIGINT was inherited ignored, or a caller set
+its own), and only on the main thread, which alone receives signals.
+"""
+
+from __future__ import annotations
+
+import _signal
+import contextlib
+import threading
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def held_back() -> Iterator[list[int]]:
+    """Ctrl-C recorded, not raised, while the block runs; raised as KeyboardInterrupt once it has run (the list
+    holds what came, for a caller that would rather say it itself: it then clears the list)."""
+    came: list[int] = []
+    previous = _signal.getsignal(_signal.SIGINT)
+    ours = previous is _signal.default_int_handler and threading.current_thread() is threading.main_thread()
+    if ours:
+        _signal.signal(_signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield came
+    finally:
+        if ours:
+            _signal.signal(_signal.SIGINT, previous)
+    if came:
+        raise KeyboardInterrupt
