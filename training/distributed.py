@@ -49,11 +49,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
-import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -192,39 +190,6 @@ def leave(status: int, line: str = "") -> NoReturn:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(status)
-
-
-TERMINATED = 143  # 128 + SIGTERM (15), as a shell reports a process SIGTERM ended
-
-
-def leave_on_sigterm(line: str, before: Callable[[], None] | None = None) -> None:
-    """SIGTERM (scancel, Slurm's KillWait before SIGKILL, mpirun passing on its own, an instance shutting down) ends
-    this rank with `line` (one line on stderr; nothing when empty) and status 143, after `before` (the trainer
-    finishes a checkpoint write in flight). Left to Python's default, SIGTERM killed the rank where it was: no line,
-    and a write's thread cut off. A Python handler alone is not enough: it runs only when the main thread returns to
-    the interpreter, and a rank waiting in a collective for a peer that stopped (the case a job is cancelled for)
-    never does. So the handler does nothing, and its C part's wake-up byte (signal.set_wakeup_fd: "the signal number
-    is written as a single byte into the fd") is read by a thread of its own, which leaves: os._exit ends the whole
-    process from any thread (https://docs.python.org/3/library/signal.html#signal.set_wakeup_fd). Main thread only,
-    as every signal call; elsewhere nothing is installed."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-
-    def watch() -> None:
-        while True:
-            got = os.read(read_end, 64)
-            if not got or signal.SIGTERM in got:
-                break
-        if before is not None:
-            with contextlib.suppress(BaseException):
-                before()
-        leave(TERMINATED, line)
-
-    threading.Thread(target=watch, daemon=True, name="sigterm").start()
 
 
 def _leave_on_uncaught(kind, value, tb) -> None:

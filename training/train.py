@@ -401,9 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         distributed.leave(2, f"error: {problem}" if launch_rank() == 0 else "")
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where a launcher made it ignored
         signal.signal(signal.SIGINT, _on_sigint)
-    # scancel, a cancelled or requeued job's KillWait, an instance shutting down: one line (rank 0), 143, and a
-    # checkpoint write in flight finished first, so the newest checkpoint is whole.
-    distributed.leave_on_sigterm("error: terminated (SIGTERM)" if launch_rank() == 0 else "", before=finish_writes)
     try:
         train(cfg)
     except BaseException as e:  # noqa: BLE001 - each kind ends below, with its line and status
