@@ -21,16 +21,15 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def held_back() -> Iterator[list[int]]:
-    """Ctrl-C recorded, not raised, while the block runs; raised as KeyboardInterrupt once it has run (the list
-    holds what came, for a caller that would rather say it itself: it then clears the list)."""
+def held_back() -> Iterator[None]:
+    """Ctrl-C recorded, not raised, while the block runs; raised as KeyboardInterrupt once it has run."""
     came: list[int] = []
     previous = _signal.getsignal(_signal.SIGINT)
     ours = previous is _signal.default_int_handler and threading.current_thread() is threading.main_thread()
     if ours:
         _signal.signal(_signal.SIGINT, lambda signum, frame: came.append(signum))
     try:
-        yield came
+        yield
     finally:
         if ours:
             _signal.signal(_signal.SIGINT, previous)
