@@ -1,0 +1,57 @@
+"""`--max-cost USD` of `launch train` and `launch run`: the option, checked before anything starts, and what the job's
+step is given at submission (launcher/plans/budget.py decides; launcher/execute/budget.py reckons on the cluster)."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from launcher import cluster as clusters
+from launcher.cli.common import console, usage_error
+from launcher.errors import LaunchError
+from launcher.plans import budget
+
+MaxCostOpt = typer.Option(None, "--max-cost", metavar="USD",
+                          help="Stop the run when the cluster has cost this much since it came up (every node, the "
+                               "head node and the shared storage, at the catalog's on-demand prices; a local "
+                               "cluster as the same shape on AWS): a warning at 80%, then a checkpoint and one "
+                               "line; with --teardown the cluster goes too.")
+
+
+def checked(text: str | None) -> float | None:
+    """``--max-cost`` as a number of dollars, or None when not given; a usage error (exit 2, one line) otherwise."""
+    if text is None:
+        return None
+    if problem := budget.cap_problem(text):
+        raise usage_error(problem)
+    return float(text)
+
+
+def needs_slurm(cap: float | None, why: str) -> None:
+    """--max-cost is the job's step's: a run without one (mpirun from this machine) is refused, with ``why``."""
+    if cap is not None:
+        raise LaunchError(f"--max-cost is kept by the job's step of a Slurm job, and {why}; leave --max-cost out "
+                          f"or use a cluster with a head node (`launch local up --slurm`, or a stack with shared "
+                          f"storage)")
+
+
+def step_args(c: clusters.Cluster, cap: float | None) -> tuple[str, ...]:
+    """The job's step's budget options for cluster ``c`` (none without a cap): its price per hour and when it came
+    up. A cap the cluster has spent already is refused here, before the job is submitted."""
+    if cap is None:
+        return ()
+    from launcher.execute import budget as spend
+
+    parts = budget.hourly(c)
+    since = spend.came_up(c)
+    rate = budget.total(parts)
+    spent = budget.spent(rate, time.time() - since)
+    if budget.verdict(spent, cap) == "cap":
+        raise LaunchError(f"--max-cost ${cap:,.2f} is spent already: cluster '{c.name}' has cost ${spent:,.2f} since "
+                          f"it came up (${rate:,.2f}/h); give a larger cap")
+    console.print(f"budget: ${spent:,.2f} of --max-cost ${cap:,.2f} spent since cluster '{c.name}' came up; "
+                  f"${rate:,.2f}/h ({'; '.join(p.what for p in parts)}"
+                  + (", priced as the same shape on AWS" if c.backend == "local" else "") + "); the cap is reached "
+                  f"in {budget.seconds_to_cap(rate, spent, cap) / 60:,.1f} min", markup=False, highlight=False)
+    return budget.step_args(cap, parts, since)
