@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from training import checkpoint, distributed, durable, gpudecode
+from training import checkpoint, distributed, durable, gpudecode, stopping
 from training import engine as engines
 from training.checkpoint import CheckpointError, newest_checkpoint, output_problem, restore
 from training.ckptwriter import CheckpointWriter, finish_writes
@@ -240,6 +240,7 @@ def train(cfg: Config) -> dict:
     val = (None, None, 0)
     # Each rank's per-step phases, for the job's step to name a straggler (training/progress.py): no collective.
     progress = Progress(progress_path(out, rank) if world > 1 else None)
+    stop, stopped_at = False, None
     for epoch in range(start_epoch, cfg.epochs):
         model.train()
         if cfg.synthetic:
@@ -291,8 +292,11 @@ def train(cfg: Config) -> dict:
                                  f"--backward-passes-per-step", everywhere=False) from None
             n = min((i % cfg.log_every) + 1, i + 1 - done)  # steps in this window (fewer just after a resume)
             if (i % cfg.log_every) + 1 == cfg.log_every or i + 1 == steps:
-                # Distributed: the logged loss is the mean over ranks.
-                mean_loss = float(engine.allreduce(loss_sum.cpu() / n, "mean", name="log.loss"))
+                # Distributed: the logged loss is the mean over ranks; riding on it, whether rank 0 was asked to
+                # stop (training/stopping.py: every rank stops after this step, with no collective of its own).
+                mean_loss, stop = stopping.agreed(engine.allreduce(
+                    stopping.with_flag(loss_sum.cpu() / n, rank == 0 and stopping.requested(out) is not None),
+                    "mean", name="log.loss"))
                 now = time.perf_counter()
                 ips = n * global_batch / (now - window_start)
                 if not first_window:
@@ -304,8 +308,14 @@ def train(cfg: Config) -> dict:
                 record(**row)
                 log(f"epoch {epoch} step {step + 1} lr {lr:.4g} loss {mean_loss:.4f} {ips:.0f} img/s", flush=True)
                 window_start, loss_sum = now, torch.zeros((), device=device)
+            if stop and i + 1 < steps:  # asked to stop: a checkpoint after this step, then out (every rank)
+                save_checkpoint(epoch, step)
+                stopped_at = (epoch, step + 1)
+                break
             if checkpoint.mid_epoch_due(step, steps, cfg.checkpoint_every):
                 save_checkpoint(epoch, step)
+        if stopped_at:
+            break
         del batches
         epoch_time = time.perf_counter() - epoch_start
         train_time += epoch_time
@@ -315,9 +325,15 @@ def train(cfg: Config) -> dict:
                images_per_sec=(steps - done) * global_batch / epoch_time, epoch_time_s=epoch_time)
         save_checkpoint(epoch, (epoch + 1) * steps - 1)
         done = 0
+        if stop:  # asked to stop at an epoch's last step: its own checkpoint is the one
+            stopped_at = (epoch, (epoch + 1) * steps)
+            break
         if cfg.val_every and (epoch + 1) % cfg.val_every == 0 and epoch + 1 < cfg.epochs and not cfg.synthetic:
             val = validation(epoch, (epoch + 1) * steps, lr, mean_loss)
 
+    if stopped_at:
+        return _stopped(stopped_at, stopping.requested(out) if rank == 0 else None, writer, uploader, metrics, tb,
+                        progress, engine, log)
     if not cfg.synthetic:
         val = validation(cfg.epochs - 1, cfg.epochs * steps, lr, mean_loss)
     top1, top5, val_count = val
@@ -349,6 +365,24 @@ def train(cfg: Config) -> dict:
             f"{summary['images_per_sec']:.0f} img/s, {train_time:.1f} s", flush=True)
     engine.shutdown()
     return summary
+
+
+def _stopped(at: tuple[int, int], why: str | None, writer, uploader, metrics, tb, progress, engine, log) -> dict:
+    """The end of a run asked to stop (training/stopping.py): its checkpoint written whole, the record closed, no
+    validation and no summary.json (the run has not finished); one line from rank 0."""
+    progress.close()
+    if writer is not None:
+        writer.close()
+        if uploader:
+            uploader.close()
+        metrics.close()
+        if tb is not None:
+            tb.close()
+    epoch, step = at
+    log(f"stopped after step {step} (epoch {epoch}): {why or 'asked to stop'}; its checkpoint is written, "
+        f"--resume continues from it", flush=True)
+    engine.shutdown()
+    return {"stopped": True, "epoch": epoch, "step": step}
 
 
 def average_buffers(net: torch.nn.Module, engine) -> None:

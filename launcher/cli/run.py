@@ -21,6 +21,7 @@ from pathlib import Path
 import typer
 
 from launcher import cluster as clusters
+from launcher.cli import budget as budgetcli
 from launcher.cli.common import (
     ClusterOpt,
     ProfileOpt,
@@ -146,6 +147,7 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
                                           help="Before each attempt's first step, test every node's link in a "
                                                "ring and drain one that falls short (requeueing the job); "
                                                "--no-node-check starts at once."),
+         max_cost: str = budgetcli.MaxCostOpt,
          region: str = RegionOpt, profile: str = ProfileOpt):
     """Run your own command on every node (one process per GPU), as a Slurm job; stream its output."""
     from launcher.plans import userjob
@@ -180,6 +182,7 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
         except durable.DurableError as e:
             raise usage_error(str(e)) from None
     check_aws_options(region, profile)
+    cap = budgetcli.checked(max_cost)  # at the cap the command is ended (SIGTERM) with one line: docs/your-code.md
     parsed = _read_requirements(requirements, find_links, no_requirements, workdir_path)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     resolved: Resolved | None = None
@@ -188,7 +191,7 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
         submit_run(c, command, nodes=nodes, workdir=workdir_path, procs=procs_per_node, engine=engine,
                    reducers=reducers, max_restarts=max_restarts, stall_timeout=stall_timeout,
                    checkpoint_to=checkpoint_to, teardown=teardown, stamp=stamp, resolved=resolved,
-                   node_check=node_check)
+                   node_check=node_check, max_cost=cap)
 
     c, stack = target(cluster)
     with contextlib.ExitStack() as cleanup:
@@ -231,7 +234,8 @@ def _run_on(c: clusters.Cluster | None, stack: str | None, on, *, cluster: str |
 
 def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, workdir: Path, procs: int | None,
                engine: str, reducers: int, max_restarts: int, stall_timeout: float, checkpoint_to: str | None,
-               teardown: bool, stamp: str, resolved: Resolved | None = None, node_check: bool = True) -> None:
+               teardown: bool, stamp: str, resolved: Resolved | None = None, node_check: bool = True,
+               max_cost: float | None = None) -> None:
     from launcher.cli import jobs as jobcli
     from launcher.cli.train import _shared_memory_gib
     from launcher.execute import run, slurmjobs, sync
@@ -275,7 +279,8 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
         name=f"run-{Path(command[0]).name}"[:40], nodes=len(chosen), slots=per_node, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
         shared_memory_gib=_shared_memory_gib(c), rendezvous_port=userjob.MASTER_PORT, resume_flag=False,
-        reducers=reducers, submitted_by="launch run", node_check=node_check))
+        reducers=reducers, submitted_by="launch run", node_check=node_check,
+        budget=budgetcli.step_args(c, max_cost)))
     tier = f" and {reducers} reducer node(s)" if reducers else ""
     job_id, ended, seen = jobcli.submit_and_follow(
         c, script, output, f"{len(chosen)} node(s) x {per_node} process(es){tier}, run directory {output}")

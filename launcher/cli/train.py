@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from launcher import cluster as clusters
+from launcher.cli import budget as budgetcli
 from launcher.cli import trainreport
 from launcher.cli.common import (
     ClusterOpt,
@@ -61,6 +62,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
           teardown: bool = typer.Option(False, "--teardown", help="Bring the cluster down afterwards, "
                                                                   "also on failure or Ctrl-C."),
+          max_cost: str = budgetcli.MaxCostOpt,
           region: str = RegionOpt, profile: str = ProfileOpt,
           ready_timeout: float = typer.Option(1800, "--ready-timeout", help="AWS: seconds to wait for every node "
                                                                            "to be ready."),
@@ -97,6 +99,7 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
                  profile=profile, ready_timeout=ready_timeout, probe_interval=probe_interval,
                  probe_misses=probe_misses, stall_timeout=stall_timeout, max_restarts=max_restarts,
                  checkpoint_to=checkpoint_to, checkpoint_every=checkpoint_every, node_check=node_check)
+    o = dataclasses.replace(o, max_cost=budgetcli.checked(max_cost))  # before anything starts, as the rest
     c, stack = target(cluster)
     if stack is not None:
         _on_aws(c, stack, cluster, o)
@@ -127,6 +130,7 @@ class _Options:
     stamp: str
     trainer: job.TrainSpec  # the trainer's options; each path fills in its data and run directory
     node_check: bool = True  # the job's step tests the nodes' links before the first step (Slurm's paths)
+    max_cost: float | None = None  # USD: the job's step stops the run there (Slurm's paths; launcher/cli/budget.py)
 
     def spec(self, data_path: str, out: str = "", *, resume: bool | None = None) -> job.TrainSpec:
         return self.trainer.model_copy(update={"data": data_path, "output": out} |
@@ -203,6 +207,7 @@ def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | N
 
 def _on_local(c: clusters.Cluster, o: _Options) -> None:
     """A local cluster without a head node that answers: mpirun runs from here, torn down after when asked."""
+    budgetcli.needs_slurm(o.max_cost, f"cluster '{c.name}' has no head node that answers: mpirun would run from here")
     try:
         if c.shares_launcher_fs:  # loopback nodes see this machine's paths
             _followed(c, o, run.local_output(o.output, o.stamp),
@@ -315,6 +320,7 @@ def _on_aws(c: clusters.Cluster | None, stack: str, cluster: str | None, o: _Opt
             awsrun.say(path.note)
         staged = awsrun.stage_data(found, chosen, o.data) if o.data else ""
         if not path.slurm:
+            budgetcli.needs_slurm(o.max_cost, f"stack '{stack}' runs mpirun from here (no shared storage)")
             _followed(found, o, o.output or f"{awsrun.shared_root(found) or chosen[0].workdir}/runs/{o.stamp}",
                       staged, replaced)
             return
@@ -360,6 +366,7 @@ def _on_slurm(c: clusters.Cluster, o: _Options, *, output: str, data: str | None
         name=f"scaletrain-{spec.model}", nodes=len(chosen), slots=first.slots, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=o.max_restarts, stall_timeout_s=o.stall_timeout, teardown=o.teardown,
         shared_memory_gib=_shared_memory_gib(c), reducers=spec.reducers, node_check=o.node_check,
+        budget=budgetcli.step_args(c, o.max_cost),
         rendezvous_port=job.DDP_PORT if spec.engine in ("ddp", "reducer") else None))
     from launcher.cli.jobs import submit_and_follow
 

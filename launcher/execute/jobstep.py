@@ -178,10 +178,11 @@ def _record_unrecorded_loss(output: Path, restart: int) -> None:
         write_atomic(marker, f"{socket.gethostname()} {restart}\n")
 
 
-def run_step(argv: list[str], stall_s: float,
-             on_stall: Callable[[], None] | None = None) -> tuple[int, list[str], str | None]:
-    """Run mpirun, relaying its lines; (exit code, lines, why it was stopped when the stall timeout did).
-    ``on_stall`` runs before a stalled run is stopped (the ranks' stacks are taken then)."""
+def run_step(argv: list[str], stall_s: float, on_stall: Callable[[], None] | None = None,
+             halt: Callable[[], str | None] | None = None) -> tuple[int, list[str], str | None]:
+    """Run mpirun, relaying its lines; (exit code, lines, why it was stopped when the stall timeout or ``halt`` did).
+    ``on_stall`` runs before a stalled run is stopped (the ranks' stacks are taken then); ``halt``, asked about once
+    a second, says why to stop the run now (the budget spent: launcher/execute/budget.py)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             start_new_session=True)
     lines: queue.Queue[str | None] = queue.Queue()
@@ -197,9 +198,15 @@ def run_step(argv: list[str], stall_s: float,
     signal.signal(signal.SIGTERM, lambda *_: (_end(proc), sys.exit(143)))
     threading.Thread(target=read, daemon=True).start()
     seen: list[str] = []
-    last = time.monotonic()
+    last = asked = time.monotonic()
     stopped = None
     while True:
+        if halt is not None and stopped is None and time.monotonic() - asked >= 1.0:
+            asked = time.monotonic()
+            if why := halt():
+                stopped = why
+                say(f"{why}; stopping the run")
+                _end(proc)
         try:
             line = lines.get(timeout=1.0)
         except queue.Empty:
@@ -288,6 +295,9 @@ def main(args: list[str] | None = None) -> int:
                         "SCALETRAIN_RESTART_COUNT instead")
     p.add_argument("--no-node-check", action="store_true",
                    help="start without the ring bandwidth test that drains a slow node (launcher/plans/nodecheck.py)")
+    from launcher.execute import budget as spend
+
+    spend.add_options(p)  # --max-cost: the run stops at the cap with a checkpoint (launcher/plans/budget.py)
     p.add_argument("mpirun", nargs=argparse.REMAINDER)
     a = p.parse_args(args)
     mpirun = a.mpirun[1:] if a.mpirun[:1] == ["--"] else a.mpirun
@@ -322,6 +332,8 @@ def main(args: list[str] | None = None) -> int:
     wait_whole(hosts)
     if not a.no_node_check and (refused := _refuse_short_nodes(hosts, job_id, restart, a)) is not None:
         return refused
+    if isinstance(guard := spend.begin(a, job_id, say), int):  # the cap spent already: the run does not start
+        return guard
     from launcher.execute import progresswatch
 
     watcher = progresswatch.Watcher(Path(a.output), say).start()  # names a straggler while the run goes on
@@ -335,9 +347,13 @@ def main(args: list[str] | None = None) -> int:
         say(f"every rank's stack: {where}")
 
     try:
-        code, lines, stopped = run_step(mpirun, a.stall_timeout, located)
+        code, lines, stopped = run_step(mpirun, a.stall_timeout, located, guard.halt if guard else None)
     finally:
         watcher.stop()
+        if guard is not None:
+            guard.stop()
+    if guard is not None and guard.reached:  # stopped at the cap: one line, never requeued
+        return spend.finish(guard, Path(a.output), job_id)
     if code == 0 and not stopped:
         say(f"job {job_id} finished")
         return 0

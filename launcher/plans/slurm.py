@@ -303,6 +303,7 @@ class BatchJob:
     rendezvous_port: int | None = None       # DDP, a user's command: the step exports MASTER_ADDR/PORT
     resume_flag: bool = True                 # a restarted job's command gets --resume (the trainer's option)
     node_check: bool = True                  # the step's ring test before each attempt (plans/nodecheck.py)
+    budget: tuple[str, ...] = ()             # the step's --max-cost options (plans/budget.step_args)
     submitted_by: str = "launch train"
 
 
@@ -348,7 +349,7 @@ def batch_script(b: BatchJob) -> str:
             *(["--shared-memory-gib", f"{b.shared_memory_gib:.1f}"] if b.shared_memory_gib else []),
             *(["--rendezvous-port", str(b.rendezvous_port)] if b.rendezvous_port is not None else []),
             *([] if b.resume_flag else ["--no-resume"]), *(["--reducers", str(b.reducers)] if b.reducers else []),
-            *([] if b.node_check else ["--no-node-check"]),
+            *([] if b.node_check else ["--no-node-check"]), *b.budget,
             "--",
             *b.mpirun]
     return "\n".join([

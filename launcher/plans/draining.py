@@ -1,0 +1,121 @@
+"""`--on-straggler warn|drain` (`launch train`, `launch run`): what the job's step does with a node the straggler rule
+(plans/stragglers.py) named. ``warn`` names it only; ``drain`` has Slurm drain it with the reason, stops the run and
+requeues the job, which resumes from its newest checkpoint on the node's replacement. Decided here: whether a named
+node is drained, the reason it is drained with, when the run is stopped for the requeue, and which drained nodes a
+replacement stands in for.
+
+Loops. A drained-and-requeued job must not drain the whole cluster:
+- at most one node per attempt (the slowest named), and the attempt then ends;
+- only while a restart is left (--max-restarts): a drain is a restart, recorded in restarts.json as a lost node's
+  is, so every drain of a run spends the same bound; with none left the node is named and the run goes on with it;
+- not when more than half of the nodes are named at once: the rule compares each node with the median of the others,
+  so a majority over it says the run, its data or the fabric is slow, not one node (as plans/nodecheck.py drains
+  nothing when every node falls short).
+
+The reason. Slurm keeps it with the node and `sinfo -R` shows it: "Reason=<reason> Identify the reason the node is in
+a DOWN, DRAINED, DRAINING, FAILING or FAIL state" (scontrol(1), SchedMD,
+https://slurm.schedmd.com/scontrol.html#OPT_Reason); REASON_LIMIT keeps it to a line, as plans/slurm.REASON_LIMIT.
+
+When to stop. A drain decided, the run still holds the work done since its newest checkpoint. Stopping at once
+repeats that work after the requeue, at the healthy pace; waiting for the next checkpoint repeats none but goes on at
+the straggler's pace. So the step waits for a newer checkpoint at most as long as repeating the work would take: the
+seconds since the newest checkpoint (spent at the straggler's pace) divided by how much slower it is (the ratio the
+rule measured); a checkpoint in that time ends the wait. A command that keeps no checkpoint the step can see (`launch
+run`: its own) is stopped at once.
+
+Replacement. A node drained with one of REPLACED's reasons (this one, or the node check's, plans/nodecheck.py) is
+out of service until another instance stands in for it: on AWS its own health check marks its instance Unhealthy for
+its Auto Scaling group (launcher/doctor/health.py), on the local cluster the keeper replaces it
+(launcher/local/keeper.py). A node the health check drained (plans/slurm.DRAIN_PREFIX) returns to service by itself
+once it passes again, and one an administrator drained stays as it is: neither is replaced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from launcher.plans import nodecheck
+from launcher.plans.stragglers import Straggler
+
+POLICIES = ("warn", "drain")
+DEFAULT = "warn"
+REASON_PREFIX = "scaletrain straggler: "
+REASON_LIMIT = 200
+REPLACED = (REASON_PREFIX, nodecheck.REASON_PREFIX)
+PHASE_WORDS = {"data": "waiting for data", "forward": "forward (compute)"}
+
+
+def policy_problem(value: str) -> str | None:
+    """The one line for a bad --on-straggler (None when it is one of POLICIES)."""
+    if value in POLICIES:
+        return None
+    return f"--on-straggler must be {' or '.join(POLICIES)}, got {value!r}"
+
+
+def restarts_problem(policy: str, max_restarts: int) -> str | None:
+    """The one line for --on-straggler drain without a restart to spend: the drain requeues the job, which Slurm
+    would start again only to have the step refuse it (plans/restarts.py), so the run would end at the drain."""
+    if policy == "drain" and max_restarts < 1:
+        return (f"--on-straggler drain requeues the job without the straggler, a restart: it needs --max-restarts 1 "
+                f"or more, got {max_restarts}")
+    return None
+
+
+def reason(s: Straggler) -> str:
+    """What the node is drained with: the node, by how much, the phase, since which step."""
+    text = (f"{REASON_PREFIX}{s.node} {s.ratio:.1f}x slower than the other nodes in "
+            f"{PHASE_WORDS.get(s.phase, s.phase)} since step {s.since_step}")
+    return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Decision:
+    drain: Straggler | None     # the node to drain now; None: none
+    line: str | None            # what the job's step says about it; None: nothing
+
+
+def decide(found: Sequence[Straggler], *, policy: str, drained: str | None, nodes: int, restarts_done: int,
+           max_restarts: int) -> Decision:
+    """What to do with the stragglers named now. ``drained``: the node this attempt already drained (None: none);
+    ``nodes``: how many nodes the rule compared; ``restarts_done``: this attempt's restarts so far
+    (SLURM_RESTART_COUNT)."""
+    if not found or policy != "drain" or drained is not None:
+        return Decision(None, None)
+    names = ", ".join(s.node for s in found)
+    if 2 * len(found) > nodes:
+        return Decision(None, f"straggler: {names} named, {len(found)} of {nodes} nodes: more than half, so not "
+                              f"one node's fault; none drained (--on-straggler drain)")
+    if restarts_done >= max_restarts:
+        return Decision(None, f"straggler: {names} not drained: no restart left (--max-restarts {max_restarts}, "
+                              f"{restarts_done} done); the run goes on with it")
+    slowest = max(found, key=lambda s: (s.ratio, s.node))
+    return Decision(slowest, f"straggler: draining {slowest.node} ({reason(slowest)}); the job requeues without it "
+                             f"(restart {restarts_done + 1} of {max_restarts})")
+
+
+def wait_for_checkpoint_s(since_checkpoint_s: float, ratio: float) -> float:
+    """How long the step waits for a newer checkpoint before it stops the run (above): the work since the newest
+    one, as long as repeating it at the healthy pace takes."""
+    if since_checkpoint_s <= 0 or not ratio > 1:
+        return max(0.0, since_checkpoint_s)
+    return since_checkpoint_s / ratio
+
+
+def to_replace(records: Mapping[str, Mapping[str, str]], replaced: Mapping[str, str] | None = None) -> list[str]:
+    """The nodes a replacement must stand in for, from `scontrol show node` records (name -> fields): drained with
+    one of REPLACED's reasons, and no job left on them. ``replaced``: node -> the SlurmdStartTime of the instance
+    already replaced; until the replacement registers (a new SlurmdStartTime, then it returns itself to service:
+    plans/slurm.rejoin_commands) the record still reads drained, and that instance is not replaced twice. A node
+    still DRAINING (ALLOCATED+DRAIN, MIXED+DRAIN, or COMPLETING) runs the job that drained it until that job stops
+    for its requeue: replaced then, the job would fail as a lost node's does instead of stopping at its checkpoint.
+    ("DRAINED: The node is unavailable for use per system administrator request"; "DRAINING: The node is currently
+    executing a job, but will not be allocated additional jobs", sinfo(1), NODE STATE CODES,
+    https://slurm.schedmd.com/sinfo.html#SECTION_NODE-STATE-CODES.)"""
+    def idle_drained(state: str) -> bool:
+        words = state.split("+")
+        return "DRAIN" in words and words[0] in ("IDLE", "DOWN", "DRAIN") and "COMPLETING" not in words
+    done = replaced or {}
+    return sorted(name for name, f in records.items()
+                  if idle_drained(f.get("State", "")) and f.get("Reason", "").startswith(REPLACED)
+                  and (name not in done or done[name] != f.get("SlurmdStartTime", "")))
