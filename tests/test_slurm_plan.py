@@ -454,6 +454,16 @@ def test_the_node_check_runs_unless_the_job_says_no():
     assert "--no-node-check" in argv[argv.index("launcher.execute.jobstep") + 1:argv.index("--")]
 
 
+def test_on_straggler_drain_reaches_the_step_and_warn_adds_nothing():
+    """`launch train/run --on-straggler drain` (launcher/plans/draining.py): the step's own option; warn, the
+    default, leaves the script as it was."""
+    assert "--on-straggler" not in slurm.batch_script(JOB)
+    step = next(ln for ln in slurm.batch_script(slurm.BatchJob(**{**JOB.__dict__, "on_straggler": "drain"}))
+                .splitlines() if "launcher.execute.jobstep" in ln)
+    argv = shlex.split(step)
+    assert argv[argv.index("--on-straggler") + 1] == "drain" and argv.index("--on-straggler") < argv.index("--")
+
+
 def test_forward_by_name_touches_only_the_named_exports():
     assert slurm.forward_by_name(["mpirun", "-x", "A=1", "-x", "B=2", "prog", "A=3"], ("A", "C")) == \
         ["mpirun", "-x", "A", "-x", "B=2", "prog", "A=3"]

@@ -147,10 +147,15 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
                                           help="Before each attempt's first step, test every node's link in a "
                                                "ring and drain one that falls short (requeueing the job); "
                                                "--no-node-check starts at once."),
+         on_straggler: str = typer.Option("warn", "--on-straggler", metavar="warn|drain",
+                                          help="What the job's step does with a node it names a straggler (your "
+                                               "command must use training.distributed): warn names it; drain also "
+                                               "has Slurm drain it, stops the command and requeues the job (a "
+                                               "restart: needs --max-restarts) on the node's replacement."),
          max_cost: str = budgetcli.MaxCostOpt,
          region: str = RegionOpt, profile: str = ProfileOpt):
     """Run your own command on every node (one process per GPU), as a Slurm job; stream its output."""
-    from launcher.plans import userjob
+    from launcher.plans import draining, userjob
 
     # Every option is checked here, before a cluster or AWS is asked: a bad one is a usage error (exit 2, one line).
     command = [a for a in (command or [])]
@@ -167,6 +172,8 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
     if max_restarts < 0:
         raise usage_error(f"--max-restarts must be >= 0, got {max_restarts}")
     check_seconds("--stall-timeout", stall_timeout, note=" (0: never)")
+    if problem := draining.policy_problem(on_straggler) or draining.restarts_problem(on_straggler, max_restarts):
+        raise usage_error(problem)
     if procs_per_node is not None and procs_per_node < 1:
         raise usage_error(f"--procs-per-node must be >= 1, got {procs_per_node}")
     if not workdir.strip():  # Path('') is '.': it would quietly mean the current directory
@@ -191,7 +198,7 @@ def run_(command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...
         submit_run(c, command, nodes=nodes, workdir=workdir_path, procs=procs_per_node, engine=engine,
                    reducers=reducers, max_restarts=max_restarts, stall_timeout=stall_timeout,
                    checkpoint_to=checkpoint_to, teardown=teardown, stamp=stamp, resolved=resolved,
-                   node_check=node_check, max_cost=cap)
+                   node_check=node_check, on_straggler=on_straggler, max_cost=cap)
 
     c, stack = target(cluster)
     with contextlib.ExitStack() as cleanup:
@@ -235,7 +242,7 @@ def _run_on(c: clusters.Cluster | None, stack: str | None, on, *, cluster: str |
 def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, workdir: Path, procs: int | None,
                engine: str, reducers: int, max_restarts: int, stall_timeout: float, checkpoint_to: str | None,
                teardown: bool, stamp: str, resolved: Resolved | None = None, node_check: bool = True,
-               max_cost: float | None = None) -> None:
+               on_straggler: str = "warn", max_cost: float | None = None) -> None:
     from launcher.cli import jobs as jobcli
     from launcher.cli.train import _shared_memory_gib
     from launcher.execute import run, slurmjobs, sync
@@ -279,7 +286,7 @@ def submit_run(c: clusters.Cluster, command: list[str], *, nodes: int | None, wo
         name=f"run-{Path(command[0]).name}"[:40], nodes=len(chosen), slots=per_node, output=output, python=c.python,
         mpirun=tuple(argv), max_restarts=max_restarts, stall_timeout_s=stall_timeout, teardown=teardown,
         shared_memory_gib=_shared_memory_gib(c), rendezvous_port=userjob.MASTER_PORT, resume_flag=False,
-        reducers=reducers, submitted_by="launch run", node_check=node_check,
+        reducers=reducers, submitted_by="launch run", node_check=node_check, on_straggler=on_straggler,
         budget=budgetcli.step_args(c, max_cost)))
     tier = f" and {reducers} reducer node(s)" if reducers else ""
     job_id, ended, seen = jobcli.submit_and_follow(

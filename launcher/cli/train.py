@@ -28,9 +28,12 @@ from launcher.cli.common import (
 from launcher.errors import LaunchError
 from launcher.execute import remote, run
 from launcher.local import backend as local
-from launcher.plans import job, watchdog
+from launcher.plans import draining, job, watchdog
 
 app = typer.Typer()
+ON_STRAGGLER_HELP = ("What the job's step does with a node it names a straggler: warn names it; drain also has Slurm "
+                     "drain it, stops at the next checkpoint and requeues the job (a restart: needs --max-restarts), "
+                     "to resume on the node's replacement.")
 
 
 @app.command("train", context_settings={"allow_interspersed_args": False})
@@ -91,14 +94,17 @@ def train(trainer_args: list[str] = typer.Argument(None, help="Extra trainer opt
           node_check: bool = typer.Option(True, "--node-check/--no-node-check",
                                           help="Before each attempt's first step, test every node's link in a "
                                                "ring and drain one that falls short (requeueing the job); "
-                                               "--no-node-check starts at once.")):
+                                               "--no-node-check starts at once."),
+          on_straggler: str = typer.Option("warn", "--on-straggler", metavar="warn|drain",
+                                           help=ON_STRAGGLER_HELP)):
     """Train on the cluster with Horovod (or DDP) over mpirun; stream rank 0; report accuracy and AWS cost."""
     o = _checked(trainer_args, nodes=nodes, data=data, model=model, image_size=image_size, epochs=epochs,
                  batch_per_gpu=batch_per_gpu, warmup_epochs=warmup_epochs, workers=workers, engine=engine,
                  reducers=reducers, out=out, output=output, resume=resume, teardown=teardown, region=region,
                  profile=profile, ready_timeout=ready_timeout, probe_interval=probe_interval,
                  probe_misses=probe_misses, stall_timeout=stall_timeout, max_restarts=max_restarts,
-                 checkpoint_to=checkpoint_to, checkpoint_every=checkpoint_every, node_check=node_check)
+                 checkpoint_to=checkpoint_to, checkpoint_every=checkpoint_every, node_check=node_check,
+                 on_straggler=on_straggler)
     o = dataclasses.replace(o, max_cost=budgetcli.checked(max_cost))  # before anything starts, as the rest
     c, stack = target(cluster)
     if stack is not None:
@@ -131,6 +137,7 @@ class _Options:
     trainer: job.TrainSpec  # the trainer's options; each path fills in its data and run directory
     node_check: bool = True  # the job's step tests the nodes' links before the first step (Slurm's paths)
     max_cost: float | None = None  # USD: the job's step stops the run there (Slurm's paths; launcher/cli/budget.py)
+    on_straggler: str = "warn"  # what the job's step does with a straggler it names (Slurm's paths)
 
     def spec(self, data_path: str, out: str = "", *, resume: bool | None = None) -> job.TrainSpec:
         return self.trainer.model_copy(update={"data": data_path, "output": out} |
@@ -142,7 +149,7 @@ def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | N
              reducers: int, out: str | None, output: str | None, resume: bool, teardown: bool, region: str | None,
              profile: str | None, ready_timeout: float, probe_interval: float, probe_misses: int,
              stall_timeout: float, max_restarts: int, checkpoint_to: str | None,
-             checkpoint_every: int | None = None, node_check: bool = True) -> _Options:
+             checkpoint_every: int | None = None, node_check: bool = True, on_straggler: str = "warn") -> _Options:
     """Every option checked here, before a cluster or AWS is asked: a bad one is a usage error (exit 2, one line)."""
     from training.model import check_model
     from training.schedule import default_warmup_epochs, epochs_problem, warmup_problem
@@ -192,6 +199,8 @@ def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | N
         trainer_args = ["--checkpoint-every", str(checkpoint_every), *(trainer_args or ())]
     if probe_misses < 1:
         raise usage_error(f"--probe-misses must be >= 1, got {probe_misses}")
+    if problem := draining.policy_problem(on_straggler) or draining.restarts_problem(on_straggler, max_restarts):
+        raise usage_error(problem)
     if not stall_timeout >= 0:
         raise usage_error(f"--stall-timeout must be a number of seconds >= 0 (0: no silence check), "
                           f"got {stall_timeout:g}")
@@ -202,7 +211,8 @@ def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | N
                     stall_timeout=stall_timeout, region=region, profile=profile, ready_timeout=ready_timeout,
                     checkpoint_to=checkpoint_to, reducers=reducers, engine=engine,
                     watch=watchdog.Watch(interval_s=probe_interval, misses=probe_misses, stall_s=stall_timeout),
-                    stamp=time.strftime("%Y%m%d-%H%M%S"), trainer=trainer, node_check=node_check)
+                    stamp=time.strftime("%Y%m%d-%H%M%S"), trainer=trainer, node_check=node_check,
+                    on_straggler=on_straggler)
 
 
 def _on_local(c: clusters.Cluster, o: _Options) -> None:
@@ -367,6 +377,7 @@ def _on_slurm(c: clusters.Cluster, o: _Options, *, output: str, data: str | None
         mpirun=tuple(argv), max_restarts=o.max_restarts, stall_timeout_s=o.stall_timeout, teardown=o.teardown,
         shared_memory_gib=_shared_memory_gib(c), reducers=spec.reducers, node_check=o.node_check,
         budget=budgetcli.step_args(c, o.max_cost),
+        on_straggler=o.on_straggler,
         rendezvous_port=job.DDP_PORT if spec.engine in ("ddp", "reducer") else None))
     from launcher.cli.jobs import submit_and_follow
 

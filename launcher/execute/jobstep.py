@@ -182,7 +182,8 @@ def run_step(argv: list[str], stall_s: float, on_stall: Callable[[], None] | Non
              halt: Callable[[], str | None] | None = None) -> tuple[int, list[str], str | None]:
     """Run mpirun, relaying its lines; (exit code, lines, why it was stopped when the stall timeout or ``halt`` did).
     ``on_stall`` runs before a stalled run is stopped (the ranks' stacks are taken then); ``halt``, asked about once
-    a second, says why to stop the run now (the budget spent: launcher/execute/budget.py)."""
+    a second, says why to stop the run now (the budget spent: launcher/execute/budget.py; a straggler drained:
+    launcher/execute/stragglerdrain.py)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             start_new_session=True)
     lines: queue.Queue[str | None] = queue.Queue()
@@ -295,6 +296,8 @@ def main(args: list[str] | None = None) -> int:
                         "SCALETRAIN_RESTART_COUNT instead")
     p.add_argument("--no-node-check", action="store_true",
                    help="start without the ring bandwidth test that drains a slow node (launcher/plans/nodecheck.py)")
+    p.add_argument("--on-straggler", choices=("warn", "drain"), default="warn",
+                   help="drain: drain a straggler, stop at its next checkpoint, requeue (launcher/plans/draining.py)")
     from launcher.execute import budget as spend
 
     spend.add_options(p)  # --max-cost: the run stops at the cap with a checkpoint (launcher/plans/budget.py)
@@ -334,9 +337,13 @@ def main(args: list[str] | None = None) -> int:
         return refused
     if isinstance(guard := spend.begin(a, job_id, say), int):  # the cap spent already: the run does not start
         return guard
-    from launcher.execute import progresswatch
+    from launcher.execute import progresswatch, stragglerdrain
 
-    watcher = progresswatch.Watcher(Path(a.output), say).start()  # names a straggler while the run goes on
+    stragglerdrain.set_aside_progress(Path(a.output), restart)
+    drainer = stragglerdrain.Drainer(policy=a.on_straggler, output=Path(a.output), job_id=job_id, restart=restart,
+                                     max_restarts=a.max_restarts, checkpoints=not a.no_resume, say=say)
+    # names a straggler while the run goes on, and drains it with --on-straggler drain
+    watcher = progresswatch.Watcher(Path(a.output), say, on_found=drainer.on_found).start()
 
     def located() -> None:
         from launcher.execute import stacks
@@ -347,8 +354,10 @@ def main(args: list[str] | None = None) -> int:
         say(f"every rank's stack: {where}")
 
     try:
-        code, lines, stopped = run_step(mpirun, a.stall_timeout, located, guard.halt if guard else None)
+        code, lines, stopped = run_step(mpirun, a.stall_timeout, located,
+                                        lambda: drainer.halt() or (guard.halt() if guard else None))
     finally:
+        watcher.on_found = None  # the run has ended: its last look names, and drains, no one
         watcher.stop()
         if guard is not None:
             guard.stop()
@@ -357,6 +366,8 @@ def main(args: list[str] | None = None) -> int:
     if code == 0 and not stopped:
         say(f"job {job_id} finished")
         return 0
+    if drainer.drained is not None and stopped and stopped.startswith(drainer.drained.node):
+        return drainer.requeue(lines)
     silent = unreachable(hosts)
     # The nodes as the hostfile lays the ranks out, for naming the node of a rank that died.
     ranked = [Node(name=h, address=h, role="worker", slots=a.slots, cpus=1, workdir="/") for h in workers] + \

@@ -26,10 +26,14 @@ _NAME = re.compile(r"rank-(\d+)@([^/]+)\.tsv")
 
 class Watcher:
     def __init__(self, output: Path, say: Callable[[str], None], *, every_s: float = EVERY_S,
-                 factor: float = stragglers.FACTOR, window: int = stragglers.WINDOW) -> None:
+                 factor: float = stragglers.FACTOR, window: int = stragglers.WINDOW,
+                 on_found: Callable[[list[stragglers.Straggler], int], None] | None = None) -> None:
+        """``on_found``: called after every look with the stragglers found and how many nodes were compared (the
+        job step's --on-straggler drain, launcher/execute/stragglerdrain.py)."""
         self.dir = output / "progress"
         self.record = output / RECORD
         self.say = say
+        self.on_found = on_found
         self.every_s, self.factor, self.window = every_s, factor, window
         self.times: dict[int, deque[stragglers.StepTime]] = {}
         self.nodes: dict[int, str] = {}
@@ -91,6 +95,7 @@ class Watcher:
         with self._lock:
             self._read_new()
             found = stragglers.find(self.times, self.nodes, factor=self.factor, window=self.window)
+            compared = len({self.nodes[r] for r in self.times if self.times[r]})
         for s in found:
             if s.node not in self.named:
                 self.say(s.line())
@@ -102,6 +107,8 @@ class Watcher:
                 {"node": s.node, "ranks": list(s.ranks), "ratio": round(s.ratio, 2), "since_step": s.since_step,
                  "phase": s.phase, "line": s.line(), "seen_at": time.time()} for s in self.named.values()]},
                 indent=1) + "\n")
+        if self.on_found is not None and found:
+            self.on_found(found, compared)
         return found
 
     def last_steps(self) -> dict[int, int | None]:

@@ -304,6 +304,7 @@ class BatchJob:
     resume_flag: bool = True                 # a restarted job's command gets --resume (the trainer's option)
     node_check: bool = True                  # the step's ring test before each attempt (plans/nodecheck.py)
     budget: tuple[str, ...] = ()             # the step's --max-cost options (plans/budget.step_args)
+    on_straggler: str = "warn"               # warn or drain a named straggler (plans/draining.py)
     submitted_by: str = "launch train"
 
 
@@ -350,6 +351,7 @@ def batch_script(b: BatchJob) -> str:
             *(["--rendezvous-port", str(b.rendezvous_port)] if b.rendezvous_port is not None else []),
             *([] if b.resume_flag else ["--no-resume"]), *(["--reducers", str(b.reducers)] if b.reducers else []),
             *([] if b.node_check else ["--no-node-check"]), *b.budget,
+            *(["--on-straggler", b.on_straggler] if b.on_straggler != "warn" else []),
             "--",
             *b.mpirun]
     return "\n".join([
