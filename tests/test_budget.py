@@ -230,3 +230,20 @@ def test_two_ranks_asked_to_stop_agree_on_a_step_checkpoint_it_and_resume_to_the
         b = torch.load(stopped / f"params-rank{r}.pt")
         assert all(torch.equal(a[k], b[k]) for k in a), f"rank {r}"
     assert RUN.count("--log-every") == 1
+
+
+def test_launch_plan_says_when_its_estimate_exceeds_the_cap(tmp_path):
+    def plan(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "launcher", "plan", "--nodes", "2", "--instance-type",
+                               "p4d.24xlarge", *extra], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              env={**os.environ, "SCALETRAIN_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})
+    import json
+
+    doc = json.loads(plan("--json", "--max-cost", "1000").stdout)
+    whole = doc["budget"]["estimate_usd"]
+    assert doc["budget"]["exceeds"] is False and whole > doc["estimate"]["cost_usd"] > 0  # the head node's share
+    assert "budget" not in json.loads(plan("--json").stdout)  # no cap, no key: the golden documents stay as they are
+    under = plan("--max-cost", f"{whole - 0.01:.2f}")
+    assert under.returncode == 0 and "exceeds --max-cost $" in under.stdout and "by $0.01" in under.stdout
+    at = plan("--max-cost", f"{whole + 0.01:.2f}")
+    assert at.returncode == 0 and "exceeds" not in at.stdout and "is within --max-cost" in at.stdout

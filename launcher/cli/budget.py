@@ -55,3 +55,16 @@ def step_args(c: clusters.Cluster, cap: float | None) -> tuple[str, ...]:
                   + (", priced as the same shape on AWS" if c.backend == "local" else "") + "); the cap is reached "
                   f"in {budget.seconds_to_cap(rate, spent, cap) / 60:,.1f} min", markup=False, highlight=False)
     return budget.step_args(cap, parts, since)
+
+
+def plan_budget(cost_usd: float, time_to_train_s: float, cap: float) -> tuple[dict, str | None]:
+    """`launch plan --max-cost`: the estimate against the cap (the nodes' cost, as the model prices it, plus the head
+    node's over the same time), as the JSON document's ``budget`` and the line said when it exceeds the cap."""
+    from infra import catalog
+    from infra.spec import HEAD_INSTANCE_TYPE
+    from launcher.cost.prices import catalog_quote
+
+    head = budget.spent(catalog_quote(catalog.get(HEAD_INSTANCE_TYPE)).usd_per_hour, time_to_train_s)
+    line = budget.plan_line(cost_usd, head, cap)
+    return {"max_cost_usd": cap, "estimate_usd": round(cost_usd + head, 2), "head_node_usd": round(head, 2),
+            "exceeds": line is not None}, line

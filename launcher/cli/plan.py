@@ -61,10 +61,15 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
                                                    "interval."),
              workload_name: str = WorkloadOpt, params: int = ParamsOpt, sample_gflops: float = SampleGflopsOpt,
              samples_per_epoch: int = SamplesPerEpochOpt,
+             max_cost: str = typer.Option(None, "--max-cost", metavar="USD", help="Say when the estimate (with "
+                                          "the head node) exceeds this cap (`launch train --max-cost`)."),
              as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables.")):
     """The plan and estimate for one cluster shape, offline: hostfile, mpirun, env, EFA devices, LR schedule, cost."""
     import json
 
+    from launcher.cli import budget as budgetcli
+
+    cap = budgetcli.checked(max_cost)
     workload = chosen_workload(workload_name, epochs=epochs, images_per_epoch=images_per_epoch, params=params,
                                sample_gflops=sample_gflops, samples_per_epoch=samples_per_epoch,
                                fp16_allreduce=fp16_allreduce)
@@ -130,6 +135,10 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         raise LaunchError(str(e)) from None
     except ValueError as e:  # a shape or option the plan cannot be made for (no GPUs, fewer images than a batch)
         raise usage_error(str(e)) from None
+    over = None
+    if cap is not None:  # launcher/plans/budget.plan_line
+        doc["budget"], over = budgetcli.plan_budget(doc["estimate"]["cost_usd"], doc["estimate"]["time_to_train_s"],
+                                                    cap)
     if as_json:  # strict JSON (RFC 8259 has no inf or nan): the model refuses those figures (cost.shape.finite)
         sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return
@@ -168,6 +177,11 @@ def plan_cmd(nodes: int = typer.Option(..., "--nodes", help="Worker nodes."),
         table.add_row(what, value)
     console.print(table)
     console.print(e.advice, markup=False, highlight=False)  # input-, network- or compute-bound; what would change it
+    if over:
+        console.print(over, markup=False, highlight=False)
+    elif cap is not None:
+        console.print(f"budget: the estimate, ${doc['budget']['estimate_usd']:,.2f} with the head node, is within "
+                      f"--max-cost ${cap:,.2f}", markup=False, highlight=False)
     nodes_table = Table(title="worker nodes")
     for col in ("node", "slots", "EFA interfaces (network card: device index)"):
         nodes_table.add_column(col)
