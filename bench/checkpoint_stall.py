@@ -1,6 +1,8 @@
 """What a checkpoint costs the training loop (issue 34 item 7): the time a step waits per checkpoint, written
 synchronously (training.checkpoint.save_atomic, as the trainer did before --checkpoint-every) against written in the
-background after a copy to host memory (training.ckptwriter.CheckpointWriter), in the same run, on CPU.
+background after a copy to host memory (training.ckptwriter.CheckpointWriter), in the same run, on CPU or, with
+--device cuda, with the state on the GPU (there the background save's stall is queueing copies into pinned host
+memory; the copy into ordinary, pageable memory the writer made before is timed beside it, as `pageable`).
 
 The states are the trainer's checkpoint content, weights plus SGD momentum (fp32):
   resnet50    the trainer's own ResNet-50 (25.6M parameters) and its optimizer state
@@ -13,6 +15,7 @@ first save allocates the host copy (printed apart), later ones copy into it. Pri
 background stall over the synchronous one, for the last model measured (BERT-large by default).
 
     .venv/bin/python bench/checkpoint_stall.py [--models resnet50,bert-large] [--rounds 2] [--saves 3] [--dir DIR]
+        [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -38,18 +41,18 @@ def bert_large_shapes() -> list[tuple[int, ...]]:
     return shapes
 
 
-def state_of(name: str):
+def state_of(name: str, device: str = "cpu"):
     import torch
 
     torch.manual_seed(0)
     if name == "resnet50":
         from training.model import build_model
 
-        net = build_model("resnet50", 1000)
+        net = build_model("resnet50", 1000).to(device)
         weights = net.state_dict()
         params = [p for p in net.parameters()]
     else:
-        weights = {f"p{i}": torch.randn(s) for i, s in enumerate(bert_large_shapes())}
+        weights = {f"p{i}": torch.randn(s, device=device) for i, s in enumerate(bert_large_shapes())}
         params = list(weights.values())
     opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
     for p in params:
@@ -68,13 +71,23 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--saves", type=int, default=3)
     p.add_argument("--dir", default=None, help="where to write (default: a temporary directory under /tmp)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = p.parse_args()
+    import torch
+
+    def pageable(obj):  # the writer's copy before pinned memory: .to("cpu") into fresh, pageable memory
+        if isinstance(obj, torch.Tensor):
+            return obj.detach().to("cpu", copy=True)
+        if isinstance(obj, dict):
+            return {k: pageable(v) for k, v in obj.items()}
+        return [pageable(v) for v in obj] if isinstance(obj, list | tuple) else obj
+
     ratio = None
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
         out = Path(d)
         for name in a.models.split(","):
-            state, count = state_of(name)
-            sync, stall = [], []
+            state, count = state_of(name, a.device)
+            sync, stall, paged = [], [], []
             writer = CheckpointWriter(out)  # one a run, as the trainer's: its host copy is reused after the first
             for r in range(a.rounds):
                 t0 = time.perf_counter()
@@ -84,6 +97,10 @@ def main() -> None:
                     stall.append(writer.save(state, out / f"checkpoint-epoch001-step{r * a.saves + s + 1:08d}.pt"))
                     time.sleep(sync[-1] * 1.2)  # training until the next checkpoint
                 writer.wait()
+                if a.device == "cuda":
+                    t0 = time.perf_counter()
+                    pageable(state)
+                    paged.append(time.perf_counter() - t0)
             first, stall = stall[0], stall[1:]
             size = (out / "checkpoint-epoch000.pt").stat().st_size
             s_sync, s_bg = statistics.median(sync), statistics.median(stall)
@@ -91,7 +108,8 @@ def main() -> None:
             print(f"{name}: {count / 1e6:.1f}M parameters, {size / 1e6:,.0f} MB a checkpoint; stall per checkpoint "
                   f"synchronous {s_sync:.3f} s (median of {len(sync)}), background {s_bg:.3f} s (median of "
                   f"{len(stall)}: the copy into the reused host buffers; the run's first, allocating them, "
-                  f"{first:.3f} s), ratio {ratio:.3f}", flush=True)
+                  f"{first:.3f} s), ratio {ratio:.3f}"
+                  + (f"; pageable copy {statistics.median(paged):.3f} s" if paged else ""), flush=True)
             del state
     print(f"ratio={ratio:.3f}")
 

@@ -229,3 +229,84 @@ def test_loss_falls_with_decode_gpu(shards, tmp_path):
     losses = epoch_losses(run)
     assert len(losses) == 4 and losses[-1] < losses[0] * 0.8, losses
     assert s["val_samples"] == 64 and s["top1"] > 0.25
+
+
+def test_a_phase_on_the_gpu_is_timed_by_its_kernels_not_where_the_host_waits(tmp_path):
+    """training/progress.py on a real GPU: forward queues a second of matrix products and returns at once; the
+    optimizer's phase is where the host waits for them (as GradScaler's inf check does). Recorded by CUDA events
+    the second is forward's; by the host's clock (the recorder before events) it would be the optimizer's, and a
+    slow GPU would be named for the wrong phase, or not at all (launcher/plans/stragglers.py compares forward)."""
+    from launcher.plans import stragglers as sg
+    from training.progress import Progress
+
+    a = torch.randn(4096, 4096, device="cuda")
+    a @ a  # cuBLAS's start, outside the calibration
+    torch.cuda.synchronize()
+    t0 = torch.cuda.Event(enable_timing=True)
+    t1 = torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(10):
+        a @ a
+    t1.record()
+    t1.synchronize()
+    per_s = t0.elapsed_time(t1) / 10 / 1000.0
+    reps = max(10, int(0.3 / per_s))  # about 0.3 s of kernels
+    recorded = {}
+    for how, device in (("events", torch.device("cuda")), ("host", None)):
+        p = Progress(tmp_path / f"rank-0@{how}.tsv", device=device)
+        for step in range(3):
+            with p.phase("forward"):
+                for _ in range(reps):
+                    a @ a
+            with p.phase("optimizer"):
+                torch.cuda.synchronize()
+            p.step_done(step)
+        p.close()
+        recorded[how] = [sg.parse(ln) for ln in (tmp_path / f"rank-0@{how}.tsv").read_text().splitlines()]
+    assert [t.step for t in recorded["events"]] == [0, 1, 2]
+    assert all(t.forward > 0.5 * reps * per_s and t.optimizer < 0.05 * t.forward for t in recorded["events"]), (
+        reps * per_s, recorded["events"])
+    # The contrast, so that this test shows what it guards: the host's clock puts the GPU's time in the optimizer.
+    assert all(t.optimizer > 10 * t.forward for t in recorded["host"]), recorded["host"]
+
+
+def test_a_gpu_checkpoint_copy_is_pinned_and_whole_when_the_writer_reads_it(tmp_path):
+    """training/ckptwriter.py: GPU tensors are copied into pinned host memory asynchronously; the writer's thread
+    waits for the copies before writing, and the training loop may change the GPU tensors at once."""
+    from training.ckptwriter import CheckpointWriter, to_host
+
+    state = {"model": {"w": torch.randn(4096, 4096, device="cuda")}, "step": 7}
+    expected = state["model"]["w"].cpu()
+    writer = CheckpointWriter(tmp_path)
+    writer.save(state, tmp_path / "checkpoint-epoch000.pt")
+    state["model"]["w"].mul_(0)  # the next optimizer step, queued after the copy
+    writer.wait()
+    saved = torch.load(tmp_path / "checkpoint-epoch000.pt", weights_only=True)
+    assert torch.equal(saved["model"]["w"], expected) and saved["step"] == 7
+    assert writer._spare["model"]["w"].is_pinned()
+    devices: list = []
+    again = to_host(state, writer._spare, devices)  # the pinned buffers are reused, not allocated again
+    assert again["model"]["w"].data_ptr() == writer._spare["model"]["w"].data_ptr() and devices
+
+
+def test_the_doctors_torch_probe_passes_on_this_gpu_and_names_a_capability_its_build_lacks():
+    """launch doctor's torch-arch check (launcher/doctor/gpuarch.py) with its probe run by this machine's torch on a
+    real GPU: the catalog's type with this GPU passes (arch list, capability, a kernel run); a capability the build
+    has no kernels for (CUDA 13 builds dropped Volta's sm_70: a P3 node) fails naming it."""
+    from infra import catalog
+    from launcher.doctor.gpuarch import check_torch_arch, serving_entry
+    from launcher.doctor.probes import TORCH_ARCH_PY, Probe
+
+    proc = subprocess.run([sys.executable, "-c", TORCH_ARCH_PY], capture_output=True, text=True, timeout=300)
+    probe = Probe(proc.stdout + proc.stderr, proc.returncode)
+    mine = torch.cuda.get_device_capability(0)
+    types = [t for t in catalog.gpu_types() if t.compute_capability == mine]
+    assert types, f"no catalog type has compute capability {mine}"
+    got = check_torch_arch(probe, [mine], what=types[0].name)
+    assert got.status == "ok", got
+    arch_list = torch.cuda.get_arch_list()
+    lacking = [t for t in catalog.gpu_types() if serving_entry(arch_list, t.compute_capability) is None]
+    for t in lacking[:1]:
+        got = check_torch_arch(probe, [t.compute_capability], what=t.name)
+        cc = f"{t.compute_capability[0]}.{t.compute_capability[1]}"
+        assert got.status == "fail" and f"no kernels for compute capability {cc}" in got.detail, got

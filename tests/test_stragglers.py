@@ -128,6 +128,73 @@ def test_a_step_reaches_the_file_within_the_flush_period(tmp_path):
     assert len((tmp_path / "rank-1.tsv").read_text().splitlines()) == 2
 
 
+class FakeGpu:
+    """CUDA events as the GPU would answer them: an event is passed once the fake GPU has run that far (`run_to`),
+    and the time between two events is what the GPU spent between them, not what the host did."""
+
+    def __init__(self):
+        self.clock_ms, self.recorded, self.passed = 0.0, 0, 0
+        self.synchronized = 0
+
+    def event(self):
+        gpu = self
+
+        class Event:
+            def record(self):
+                gpu.recorded += 1
+                self.n, self.at = gpu.recorded, gpu.clock_ms
+
+            def query(self):
+                return self.n <= gpu.passed
+
+            def synchronize(self):
+                gpu.synchronized += 1
+                gpu.passed = max(gpu.passed, self.n)
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        return Event()
+
+
+def test_on_a_gpu_a_phase_is_its_gpu_time_written_once_the_gpu_has_passed_it(tmp_path, monkeypatch):
+    gpu = FakeGpu()
+    p = pr.Progress(tmp_path / "rank-0.tsv", flush_every_s=0.0, device=type("D", (), {"type": "cuda"})())
+    monkeypatch.setattr(p, "_event", gpu.event)
+    for step in range(2):
+        p.add("data", 0.5)                 # the host's wait for a batch: its own clock, as on a CPU
+        with p.phase("forward"):
+            gpu.clock_ms += 300.0          # kernels queued: the GPU will spend 300 ms here, the host none
+        with p.phase("optimizer"):
+            gpu.clock_ms += 20.0
+        p.step_done(step)
+    assert (tmp_path / "rank-0.tsv").read_text() == ""  # the GPU has passed neither step: nothing written yet
+    gpu.passed = 4                                          # the first step's four events
+    p.step_done(2)                                          # an empty step, still pending
+    first = [sg.parse(ln) for ln in (tmp_path / "rank-0.tsv").read_text().splitlines()]
+    assert [(t.step, t.data, t.forward, t.optimizer) for t in first] == [(0, 0.5, 0.3, 0.02)]
+    assert gpu.synchronized == 0                            # no wait on the hot path
+    p.close()                                               # the rest waited for, in order
+    got = [sg.parse(ln) for ln in (tmp_path / "rank-0.tsv").read_text().splitlines()]
+    assert [(t.step, t.forward) for t in got] == [(0, 0.3), (1, 0.3), (2, 0.0)]
+
+
+def test_a_gpu_far_behind_the_host_is_waited_for_at_the_bound(tmp_path, monkeypatch):
+    gpu = FakeGpu()
+    p = pr.Progress(tmp_path / "rank-0.tsv", device=type("D", (), {"type": "cuda"})())
+    monkeypatch.setattr(p, "_event", gpu.event)
+    for step in range(pr.MAX_PENDING):
+        with p.phase("forward"):
+            gpu.clock_ms += 1.0
+        p.step_done(step)
+    assert gpu.synchronized == 0 and len(p._pending) == pr.MAX_PENDING
+    with p.phase("forward"):
+        gpu.clock_ms += 1.0
+    p.step_done(pr.MAX_PENDING)
+    assert gpu.synchronized == 1 and len(p._pending) == pr.MAX_PENDING
+    p.close()
+
+
 def _write(d, rank, node, ts, *, tail=""):
     with open(d / f"rank-{rank}@{node}.tsv", "a") as f:
         f.write("".join(sg.format_line(t) for t in ts) + tail)

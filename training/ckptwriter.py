@@ -1,4 +1,5 @@
-"""Rank 0's checkpoint writes, off the training loop: the step waits only for a copy of the state to host memory;
+"""Rank 0's checkpoint writes, off the training loop: the step waits only for a copy of the state to host memory
+(on a GPU, only for the copies to be queued into pinned memory: to_host);
 one background thread writes that copy (training.checkpoint.save_atomic: temporary file, fsync, rename), then
 deletes the mid-epoch checkpoints a newer one made stale, then hands the file to the S3 uploader, if any.
 
@@ -32,26 +33,50 @@ from training.checkpoint import save_atomic, stale_mid_epoch
 _LIVE: weakref.WeakSet[CheckpointWriter] = weakref.WeakSet()
 
 
-def to_host(obj, reuse=None):
+def to_host(obj, reuse=None, copies: list | None = None):
     """A copy of `obj` (a state: dicts, lists, tuples of tensors and plain values) that shares no tensor memory with
     it: every tensor copied into CPU memory (on CPU, a clone; `to("cpu")` alone would return the same tensor).
     `reuse`: an earlier copy no longer in use; a tensor of the same shape and type there is copied into, not
     allocated again (fresh memory is paid for in page faults, which took most of a ResNet-50 copy here; PyTorch's
     asynchronous checkpointing keeps its staging buffers for the same reason: "cache_staged_state_dict",
-    https://docs.pytorch.org/docs/stable/distributed.checkpoint.html)."""
+    https://docs.pytorch.org/docs/stable/distributed.checkpoint.html).
+
+    A GPU tensor goes into page-locked (pinned) host memory by an asynchronous copy: only from pinned memory does
+    a device-to-host copy run at the bus's speed and return before it is done ("CUDA Semantics", "Use pinned memory
+    buffers": https://docs.pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers; the CUDA C++
+    Programming Guide, "Page-Locked Host Memory"). Each such copy's device is added to `copies`; the copy may be
+    read only after `copied()` of that list says the GPU has finished it (CheckpointWriter's thread waits there,
+    not the training loop). The loop may go on at once: its next kernels run after the copies in stream order."""
     if isinstance(obj, torch.Tensor):
+        cuda = obj.device.type == "cuda"
         if (isinstance(reuse, torch.Tensor) and reuse.shape == obj.shape and reuse.dtype == obj.dtype
-                and reuse.device.type == "cpu" and reuse.is_contiguous() and reuse.data_ptr() != obj.data_ptr()):
-            return reuse.copy_(obj.detach())
-        return obj.detach().to("cpu", copy=True)
+                and reuse.device.type == "cpu" and reuse.is_contiguous() and reuse.data_ptr() != obj.data_ptr()
+                and (not cuda or reuse.is_pinned())):
+            host = reuse
+        elif cuda:
+            host = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
+        else:
+            return obj.detach().to("cpu", copy=True)
+        host.copy_(obj.detach(), non_blocking=cuda)
+        if cuda and copies is not None and obj.device not in copies:
+            copies.append(obj.device)
+        elif cuda and copies is None:
+            torch.cuda.current_stream(obj.device).synchronize()  # no one to wait later: wait now
+        return host
     if isinstance(obj, dict):
         spare = reuse if isinstance(reuse, dict) else {}
-        return {k: to_host(v, spare.get(k)) for k, v in obj.items()}
+        return {k: to_host(v, spare.get(k), copies) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         spare = reuse if isinstance(reuse, list | tuple) and len(reuse) == len(obj) else [None] * len(obj)
-        copied = [to_host(v, r) for v, r in zip(obj, spare, strict=True)]
+        copied = [to_host(v, r, copies) for v, r in zip(obj, spare, strict=True)]
         return copied if isinstance(obj, list) else tuple(copied)
     return copy.deepcopy(obj)
+
+
+def copied(devices: list) -> list:
+    """Events on each device's current stream, recorded after the copies to_host queued there: `synchronize()` on
+    each is the copies' end."""
+    return [torch.cuda.current_stream(d).record_event() for d in devices]
 
 
 class CheckpointWriter:
@@ -70,15 +95,19 @@ class CheckpointWriter:
     def save(self, state: dict, path: Path) -> float:
         start = time.perf_counter()
         self.wait()
-        host = self._spare = to_host(state, self._spare)
-        self._thread = threading.Thread(target=self._write, args=(host, path), name="checkpoint-write", daemon=True)
+        devices: list = []
+        host = self._spare = to_host(state, self._spare, devices)
+        self._thread = threading.Thread(target=self._write, args=(host, path, copied(devices)),
+                                        name="checkpoint-write", daemon=True)
         self._thread.start()
         waited = time.perf_counter() - start
         self.writes, self.stall_s = self.writes + 1, self.stall_s + waited
         return waited
 
-    def _write(self, state: dict, path: Path) -> None:
+    def _write(self, state: dict, path: Path, copies: list) -> None:
         try:
+            for done in copies:  # the GPU's copies into host memory finished (to_host)
+                done.synchronize()
             save_atomic(state, path)
             for name in stale_mid_epoch([p.name for p in self.out.glob("checkpoint-epoch*.pt")]):
                 (self.out / name).unlink(missing_ok=True)

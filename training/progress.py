@@ -3,6 +3,14 @@ step's number, when it began, and the seconds spent waiting for data, in forward
 
 It adds no collective and nothing on the hot path but clock reads: a step's record goes into a buffer, and the buffer
 to the rank's file at most once a second (one write; the file is on the run's storage, which the job's step reads).
+
+On a GPU the clock cannot time a phase: CUDA runs kernels asynchronously, so forward() returns once its kernels are
+queued and the host waits later, wherever something synchronises (GradScaler's inf check in the optimizer's step, a
+.item()), and a slow GPU's time would fall there ("CUDA Semantics", Asynchronous execution:
+https://docs.pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution). There each phase is timed by a pair of
+CUDA events recorded on the current stream, as those notes advise, and read once the GPU has passed them
+(Event.query, never a synchronisation on the hot path): a step's line is written a few steps late, with its GPU time.
+The data phase stays the host's wait for a batch, which is what a loader costs on any device.
 The trainer writes into its run directory (progress_path); a script of one's own, with Progress.from_env(), into
 SCALETRAIN_PROGRESS_DIR, and without it nothing, so a script run by hand pays nothing. The file is the rank's own:
 ``rank-<RANK>@<node>.tsv``, one line per step (stragglers.FIELDS), appended, so a requeued attempt continues it.
@@ -28,6 +36,9 @@ from training.options import launch_rank
 ENV = "SCALETRAIN_PROGRESS_DIR"
 PHASES = ("data", "forward", "backward", "optimizer")
 FLUSH_EVERY_S = 1.0
+MAX_PENDING = 64  # steps the GPU may run behind the host before step_done waits for the oldest: a bound on the
+#                   events held and on how late a line is (the host mostly waits for the GPU every step anyway, in
+#                   GradScaler's step; with a static loss scale or bf16, at the next logged loss)
 
 
 def progress_path(run_dir: Path, rank: int) -> Path:
@@ -38,7 +49,8 @@ def progress_path(run_dir: Path, rank: int) -> Path:
 
 
 class Progress:
-    def __init__(self, path: Path | None, *, flush_every_s: float = FLUSH_EVERY_S) -> None:
+    def __init__(self, path: Path | None, *, flush_every_s: float = FLUSH_EVERY_S, device=None) -> None:
+        """`device`: the torch device the phases run on; a CUDA device times them with CUDA events."""
         self.path = path
         self.flush_every_s = flush_every_s
         self._file = None
@@ -48,11 +60,16 @@ class Progress:
         self._spent = dict.fromkeys(PHASES, 0.0)
         self._start = time.time()
         self._flushed = float("-inf")  # the first step goes at once: the job sees the rank has started
+        self._cuda = self._file is not None and getattr(device, "type", None) == "cuda"
+        self._marks: list = []     # this step's (phase, start event, end event), on a GPU
+        self._pending: list = []   # steps done on the host whose events the GPU has not passed yet
+        self._spare_events: list = []
 
     @classmethod
-    def from_env(cls) -> Progress:
+    def from_env(cls, device=None) -> Progress:
+        """`device`: where the script's steps run (a CUDA device times phases with CUDA events; see above)."""
         d = os.environ.get(ENV)
-        return cls(Path(d) / progress_path(Path(d), launch_rank()).name if d else None)
+        return cls(Path(d) / progress_path(Path(d), launch_rank()).name if d else None, device=device)
 
     @property
     def enabled(self) -> bool:
@@ -60,11 +77,27 @@ class Progress:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        if self._cuda:
+            start, end = self._event(), self._event()
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._marks.append((name, start, end))
+            return
         t0 = time.perf_counter()
         try:
             yield
         finally:
             self._spent[name] += time.perf_counter() - t0
+
+    def _event(self):
+        if self._spare_events:
+            return self._spare_events.pop()
+        import torch
+
+        return torch.cuda.Event(enable_timing=True)
 
     def add(self, name: str, seconds: float) -> None:
         self._spent[name] += seconds
@@ -72,15 +105,38 @@ class Progress:
     def step_done(self, step: int) -> None:
         """Record the step just finished and start timing the next."""
         if self._file is not None:
-            s = self._spent
-            self._file.write(f"{step}\t{self._start:.3f}\t{s['data']:.6f}\t{s['forward']:.6f}\t"
-                             f"{s['backward']:.6f}\t{s['optimizer']:.6f}\n")
+            if self._cuda:
+                self._pending.append((step, self._start, self._spent, self._marks))
+                self._marks = []
+                self._write_passed(wait=len(self._pending) > MAX_PENDING)
+            else:
+                self._write(step, self._start, self._spent)
             now = time.monotonic()
             if now - self._flushed >= self.flush_every_s:
                 self._flush()
                 self._flushed = now
         self._spent = dict.fromkeys(PHASES, 0.0)
         self._start = time.time()
+
+    def _write(self, step: int, start: float, s: dict[str, float]) -> None:
+        assert self._file is not None
+        self._file.write(f"{step}\t{start:.3f}\t{s['data']:.6f}\t{s['forward']:.6f}\t"
+                         f"{s['backward']:.6f}\t{s['optimizer']:.6f}\n")
+
+    def _write_passed(self, *, wait: bool = False) -> None:
+        """Write the pending steps whose events the GPU has passed, in order; with `wait`, the oldest in any case."""
+        while self._pending:
+            step, start, spent, marks = self._pending[0]
+            if marks and not marks[-1][2].query():
+                if not wait:
+                    return
+                marks[-1][2].synchronize()
+            wait = False
+            for name, begin, end in marks:
+                spent[name] += begin.elapsed_time(end) / 1000.0  # milliseconds
+                self._spare_events += (begin, end)
+            self._pending.pop(0)
+            self._write(step, start, spent)
 
     def _flush(self) -> None:
         with contextlib.suppress(OSError):  # the run's storage full or gone: progress is advice, never the run's end
@@ -89,6 +145,8 @@ class Progress:
 
     def close(self) -> None:
         if self._file is not None:
+            while self._pending:
+                self._write_passed(wait=True)
             self._flush()
             with contextlib.suppress(OSError):
                 self._file.close()

@@ -239,7 +239,7 @@ def train(cfg: Config) -> dict:
     mean_loss, lr = None, cfg.warmup_start
     val = (None, None, 0)
     # Each rank's per-step phases, for the job's step to name a straggler (training/progress.py): no collective.
-    progress = Progress(progress_path(out, rank) if world > 1 else None)
+    progress = Progress(progress_path(out, rank) if world > 1 else None, device=device)
     stop, stopped_at = False, None
     for epoch in range(start_epoch, cfg.epochs):
         model.train()

@@ -14,9 +14,11 @@ times differ by up to 1.70x on a single step (median 1.07x, 90th percentile 1.39
 tests/test_trainer_mpi.py), so one step names no one; but the least ratio over any 8 steps in a row was 1.01x (and
 the second least stays near the median, 1.07x: one step in ten exceeds 1.39x). A node
 held to 30% of its CPU (`launch local fault node1 --cpu 0.3`, tests/test_slurm_cluster.py) stayed 2.0x over its 8
-steps. 1.5x over 8 steps lies between both. Not measured on GPUs, where the trainer times forward as launched (it
-adds no device synchronisation to the step): there a slow loader is named, and a slow GPU's time falls in the phase
-that waits for the device, which names no one yet.
+steps. 1.5x over 8 steps lies between both. On a GPU each rank times its phases by CUDA events (training/progress.py),
+so forward is the GPU's time for the forward kernels, where the host's clock would give the time to queue them and
+put the GPU's in whichever phase waits for it (on an H200, a forward of about 0.3 s of kernels was recorded as the
+optimizer's by the host's clock, as forward by events: tests/test_gpu.py); the factor and the window there are the
+CPU's, not yet measured across GPUs.
 """
 
 from __future__ import annotations
