@@ -140,3 +140,76 @@ def test_a_rank_with_a_live_group_leaves_with_its_line_and_status(code, status, 
     assert proc.returncode == status, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout == "started\n" and proc.stderr.endswith(err), proc.stderr[-2000:]
     assert ("Traceback" in proc.stderr) == ("RuntimeError" in code), proc.stderr[-2000:]
+
+
+SLOW_SCRIPT = r"""
+import os, sys, time, torch
+from training import distributed
+distributed.init()
+slow = float(os.environ["SLOW_FORWARD_S"])
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 1)
+    def forward(self, x):
+        time.sleep(slow)
+        return self.lin(x)
+torch.manual_seed(0)
+net = Net()
+model, opt = distributed.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
+for step in range(4):
+    time.sleep(float(os.environ["DATA_S"]))               # the script's loader
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(torch.randn(8, 3)), torch.randn(8, 1)).backward()
+    distributed.step(opt)
+distributed.shutdown()
+"""
+
+
+def run_ranks(tmp_path, world: int, slow: dict[int, float], data_s: float = 0.0) -> dict[int, list]:
+    """`world` processes of SLOW_SCRIPT as `launch run` starts a script (torchrun's variables, the progress
+    directory set); rank r's forward sleeps slow.get(r, 0) s. Each rank's recorded steps."""
+    from launcher.plans import stragglers as sg
+    from training import progress
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    procs = []
+    for r in range(world):
+        env = {**os.environ, "PYTHONPATH": str(root), "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
+               "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "GLOO_SOCKET_IFNAME": "lo", progress.ENV: str(tmp_path / "progress"),
+               "SLOW_FORWARD_S": str(slow.get(r, 0.0)), "DATA_S": str(data_s), "OMP_NUM_THREADS": "1"}
+        if world == 1:
+            env["SCALETRAIN_ENGINE"] = ""
+            for k in ("RANK", "WORLD_SIZE"):
+                env.pop(k)
+        procs.append(subprocess.Popen([sys.executable, "-c", SLOW_SCRIPT], env=env, cwd=root, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out[-2000:]
+    files = {int(f.name.split("@")[0].removeprefix("rank-")): f for f in (tmp_path / "progress").iterdir()}
+    return {r: [sg.parse(ln) for ln in f.read_text().splitlines()] for r, f in files.items()}
+
+
+def test_a_scripts_steps_are_recorded_by_distributed_without_a_line_of_its_own(tmp_path):
+    """training.distributed records each step's phases for a `launch run` script (training/progress.StepHooks):
+    data from one step's end to the next forward, forward the model's call, the optimizer's step."""
+    got = run_ranks(tmp_path, 1, {0: 0.2}, data_s=0.1)
+    steps = got[0]
+    assert [t.step for t in steps] == [0, 1, 2, 3]
+    assert all(0.2 <= t.forward < 0.4 and 0.1 <= t.data < 0.3 and t.optimizer < 0.1 for t in steps[1:]), steps
+
+
+def test_under_ddp_the_slow_ranks_forward_is_its_own_and_the_others_wait_in_backward(tmp_path):
+    """Two DDP ranks, rank 1's forward 0.3 s slower: rank 1's recorded forward shows it, rank 0's does not (it
+    waits for rank 1 in backward, where DDP's allreduce completes), so launcher/plans/stragglers.py, which compares
+    data + forward, names the slow one and not the one that waits."""
+    got = run_ranks(tmp_path, 2, {1: 0.3})
+    assert [t.step for t in got[0]] == [t.step for t in got[1]] == [0, 1, 2, 3]
+    for fast, slow in zip(got[0][1:], got[1][1:], strict=True):
+        assert slow.forward >= 0.3 and fast.forward < 0.1, (fast, slow)
+        assert fast.backward >= 0.2 > slow.backward, (fast, slow)

@@ -57,6 +57,8 @@ from typing import Any, NoReturn
 
 import torch
 
+from training.progress import Progress, StepHooks
+
 ENGINES = ("horovod", "ddp", "reducer")
 ALIASES = {"reducers": "reducer"}
 
@@ -166,6 +168,7 @@ class SingleProcess:
 
 
 _engine: Any = None
+_steps: StepHooks | None = None
 
 
 def leave(status: int, line: str = "") -> NoReturn:
@@ -221,6 +224,10 @@ def init(env: Mapping[str, str] | None = None):
         torch.cuda.set_device(_engine.local_rank)  # Distributed: one GPU per process, by its rank on the node
     if choice.engine != "single":
         sys.excepthook = _leave_on_uncaught  # a live group must not die in the interpreter's exit (see leave)
+    global _steps
+    # Each step's phases, for the job's step to name a straggler (training/progress.py; `launch run` sets the
+    # directory): nothing is recorded without SCALETRAIN_PROGRESS_DIR.
+    _steps = StepHooks(Progress.from_env(device()))
     return _engine
 
 
@@ -265,6 +272,8 @@ def wrap(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, fp16_allre
     wrapped, opt = engine.prepare(model, optimizer, fp16_allreduce=fp16_allreduce,
                                   backward_passes_per_step=backward_passes_per_step)
     engine.broadcast_state(model, opt)
+    if _steps is not None:
+        _steps.attach(wrapped)
     return wrapped, opt
 
 
@@ -277,7 +286,9 @@ def step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None =
     """One optimizer step on the gradients averaged over every rank (through `scaler` in fp16); True when the
     scaler skipped it (an inf/nan gradient)."""
     scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
-    return bool(_started().step(optimizer, scaler, None))
+    engine = _started()
+    with _steps.step() if _steps is not None else contextlib.nullcontext():
+        return bool(engine.step(optimizer, scaler, None))
 
 
 def allreduce(tensor: torch.Tensor, op: str = "mean", name: str = "user") -> torch.Tensor:
@@ -294,7 +305,10 @@ def broadcast_object(obj: Any, name: str = "user") -> Any:
 
 def shutdown() -> None:
     """Leave the world (the reducer tier's reducers stop when worker 0 leaves)."""
-    global _engine
+    global _engine, _steps
     engine, _engine = _started(), None
+    if _steps is not None:
+        _steps.progress.close()
+        _steps = None
     engine.shutdown()
     sys.excepthook = sys.__excepthook__  # the group is gone: the interpreter's own exit is safe again

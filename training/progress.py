@@ -64,6 +64,7 @@ class Progress:
         self._marks: list = []     # this step's (phase, start event, end event), on a GPU
         self._pending: list = []   # steps done on the host whose events the GPU has not passed yet
         self._spare_events: list = []
+        self._open: tuple | None = None  # begin()'s phase and its start
 
     @classmethod
     def from_env(cls, device=None) -> Progress:
@@ -91,6 +92,31 @@ class Progress:
             yield
         finally:
             self._spent[name] += time.perf_counter() - t0
+
+    def begin(self, name: str) -> None:
+        """A phase's start where no `with` can hold it (module hooks: StepHooks); `end(name)` closes it. The phase
+        open already, if any, ends here."""
+        if self._file is None:
+            return
+        self.end()
+        if self._cuda:
+            event = self._event()
+            event.record()
+            self._open = (name, event)
+        else:
+            self._open = (name, time.perf_counter())
+
+    def end(self, name: str | None = None) -> None:
+        """End the open phase (only if it is `name`, when given)."""
+        if self._open is None or (name is not None and self._open[0] != name):
+            return
+        (phase, start), self._open = self._open, None
+        if self._cuda:
+            stop = self._event()
+            stop.record()
+            self._marks.append((phase, start, stop))
+        else:
+            self._spent[phase] += time.perf_counter() - start
 
     def _event(self):
         if self._spare_events:
@@ -151,3 +177,33 @@ class Progress:
             with contextlib.suppress(OSError):
                 self._file.close()
             self._file = None
+
+
+class StepHooks:
+    """A script's steps recorded without a line of its own: what training.distributed does for `launch run` scripts.
+    The model's forward hooks and the optimizer's step mark the phases (torch.nn.Module.register_forward_pre_hook,
+    register_forward_hook: https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html): data is from the
+    last step's end to the next forward, forward is the model's call, backward from its return to the optimizer's
+    step (the loss, backward and, under DDP, the wait for the others' gradients), optimizer is the step (under
+    Horovod, the wait for the others' gradients). Data and forward involve no other rank, which is what
+    launcher/plans/stragglers.py compares. A forward between steps (an evaluation) counts in the next step's."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self.steps = progress, 0
+        progress.begin("data")
+
+    def attach(self, model) -> None:
+        if self.progress.enabled:
+            model.register_forward_pre_hook(lambda *_: self.progress.begin("forward"))
+            model.register_forward_hook(lambda *_: self.progress.begin("backward"))
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        self.progress.begin("optimizer")
+        try:
+            yield
+        finally:
+            self.progress.end("optimizer")
+            self.progress.step_done(self.steps)
+            self.steps += 1
+            self.progress.begin("data")

@@ -135,7 +135,10 @@ def run_mpirun(cluster: Cluster, workers: list[Node], *, procs: int, workdir: st
     argv = slurm.job_mpirun(cluster, sized, spec, fabric_env=fabric_env, mca=mca, reducers=list(reducers))
     trainer = job.trainer_argv(cluster.python, spec)
     at = next(i for i in range(len(argv)) if argv[i:i + len(trainer)] == trainer)
-    env = {"SCALETRAIN_ENGINE": engine, "SCALETRAIN_OUTPUT": output, "SCALETRAIN_WORKDIR": workdir}
+    env = {"SCALETRAIN_ENGINE": engine, "SCALETRAIN_OUTPUT": output, "SCALETRAIN_WORKDIR": workdir,
+           # where training.distributed records each step (training/progress.py), read by the job's step
+           # (launcher/execute/progresswatch.py) to name a straggler, as the trainer's run directory is
+           "SCALETRAIN_PROGRESS_DIR": f"{output.rstrip('/')}/progress"}
     if reducers:
         env["SCALETRAIN_REDUCERS"] = str(len(reducers))
     if checkpoint_to:
