@@ -472,6 +472,48 @@ def test_a_node_with_a_shaped_link_is_refused_before_the_first_step_and_the_job_
         nodecheck.REASON_PREFIX)
 
 
+def test_a_run_stops_at_its_max_cost_with_a_checkpoint_and_resume_continues_from_it(home):
+    """The issue's "done when" for --max-cost: a cap a minute of the cluster's price beyond what it has cost since it
+    came up (priced as the same shape on AWS). The job's step warns, then asks the trainer to stop: the ranks write a
+    checkpoint and end, the job ends with one line saying what it spent and Slurm does not requeue it; `launch logs`
+    shows the line; `launch train --resume` continues from that checkpoint (and stops at its own cap again)."""
+    from launcher.cluster import Cluster
+    from launcher.execute import budget as spend
+    from launcher.plans import budget
+
+    c = Cluster.model_validate(cluster_state(home))
+    rate = budget.total(budget.hourly(c))
+
+    def cap_in(seconds: float) -> str:
+        return f"{budget.spent(rate, time.time() - spend.came_up(c)) + rate * seconds / 3600:.4f}"
+
+    run = node_run("budget")
+    proc = launch(home, "train", "--data", SHARDS, "--epochs", "40", *TINY, "--max-cost", cap_in(60), "--output", run)
+    said = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and said, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "stopped at the budget: the cluster has cost $" in said[-1] and "--resume continues from it" in said[-1]
+    assert "budget: $" in proc.stdout and "spent since cluster 'local' came up" in proc.stdout  # said at submission
+    job_id = next(j["id"] for j in jobs(home) if j["output"] == run)
+    ended = job(home, job_id)
+    assert ended["state"] == "failed" and ended["restarts"] == 0, ended  # a deliberate stop: never requeued
+    logs = launch(home, "logs", job_id, "--cluster", "local", check=True).stdout
+    stop = [ln for ln in logs.splitlines() if ln.startswith("error: stopped at the budget")]
+    assert len(stop) == 1 and stop[0][len("error: "):] in said[-1], logs[-3000:]
+    assert re.search(r"\[job\] budget: \$[\d.,]+ of --max-cost \$[\d.,]+ spent \(\d+%\)", logs), logs[-3000:]
+    kept = re.search(r"checkpoint (checkpoint-epoch\d+(-step\d+)?\.pt) written", stop[0]).group(1)
+    assert on_host(home, f"{run}/{kept}").exists()
+    assert re.search(r"stopped after step \d+ \(epoch \d+\): budget reached", logs), logs[-3000:]
+    assert json.loads(on_host(home, f"{run}/budget.json").read_text())["state"] == "stopped"
+
+    again = launch(home, "train", "--data", SHARDS, "--epochs", "40", *TINY, "--resume", "--max-cost", cap_in(60),
+                   "--output", run)
+    assert again.returncode == 1 and f"resuming from {kept}: " in again.stdout, again.stdout[-3000:]
+    newer = re.search(r"checkpoint (checkpoint-epoch\d+(-step\d+)?\.pt) written", again.stderr).group(1)
+    from training.checkpoint import name_order
+
+    assert name_order(newer) > name_order(kept)  # it trained on from the checkpoint, and stopped at its cap again
+
+
 def test_unknown_job_and_bad_ids_are_one_line(home):
     assert_one_line_error(launch(home, "logs", "9999", "--cluster", "local"), "no job 9999")
     bad = launch(home, "cancel", "abc", "--cluster", "local")

@@ -143,8 +143,7 @@ def begin(a: argparse.Namespace, job_id: str, say: Callable[[str], None]) -> Gua
     guard = Guard(output, say, cap=a.max_cost, usd_per_hour=a.cost_per_hour,
                   since=time.time() if a.cost_since is None else a.cost_since, job=job_id, trainer=not a.no_resume)
     if guard.reckon() == "cap":
-        print(budget.stop_line(guard.spent, guard.cap, guard.rate, None, False).replace(
-            "stopped at the budget", "not started: the budget is spent"), flush=True)
+        print(budget.not_started_line(guard.spent, guard.cap, guard.rate), flush=True)
         return 1
     return guard.start()
 

@@ -33,8 +33,8 @@ HOURS_PER_MONTH = 730.0
 STATE_FILE = "budget.json"          # the step's last reckoning, in the run directory: `launch status` reads it
 
 __all__ = ["FSX_SCRATCH_USD_PER_GB_MONTH", "HOURS_PER_MONTH", "LOCAL_WORKER_TYPE", "STATE_FILE", "WARN_FRACTION",
-           "Part", "Verdict", "cap_problem", "fsx_usd_per_hour", "hourly", "plan_line", "seconds_to_cap", "spent",
-           "state_line", "step_args", "stop_line", "total", "verdict", "warn_line"]
+           "Part", "Verdict", "cap_problem", "fsx_usd_per_hour", "hourly", "not_started_line", "plan_line",
+           "seconds_to_cap", "spent", "state_line", "step_args", "stop_line", "total", "verdict", "warn_line"]
 
 
 @dataclass(frozen=True)
@@ -121,10 +121,9 @@ def verdict(spent_usd: float, cap: float) -> Verdict:
 
 
 def step_args(cap: float, parts: list[Part], since_epoch_s: float) -> tuple[str, ...]:
-    """The job's step's options for the budget (launcher/execute/jobstep.py): the cap, the cluster's price per hour,
-    when it came up (seconds since the epoch) and what was priced."""
-    return ("--max-cost", f"{cap:g}", "--cost-per-hour", f"{total(parts):.6f}", "--cost-since", f"{since_epoch_s:.0f}",
-            "--cost-priced-as", "; ".join(f"{p.what} ${p.usd_per_hour:,.4g}/h" for p in parts))
+    """The job's step's options for the budget (launcher/execute/budget.add_options): the cap, the cluster's price
+    per hour and when it came up (seconds since the epoch)."""
+    return ("--max-cost", repr(cap), "--cost-per-hour", f"{total(parts):.6f}", "--cost-since", f"{since_epoch_s:.0f}")
 
 
 def warn_line(spent_usd: float, cap: float, usd_per_hour: float) -> str:
@@ -140,6 +139,12 @@ def stop_line(spent_usd: float, cap: float, usd_per_hour: float, checkpoint: str
     return (f"error: stopped at the budget: the cluster has cost ${spent_usd:,.2f} since it came up (at "
             f"${usd_per_hour:,.2f}/h), --max-cost ${cap:,.2f}; {kept}"
             + ("; the cluster takes itself down (--teardown)" if teardown else ""))
+
+
+def not_started_line(spent_usd: float, cap: float, usd_per_hour: float) -> str:
+    """The one line of a job whose cap was spent before its run started (nothing is started)."""
+    return (f"error: not started: the cluster has cost ${spent_usd:,.2f} since it came up (at ${usd_per_hour:,.2f}/h), "
+            f"--max-cost ${cap:,.2f} is spent; give a larger cap")
 
 
 def state_line(spent_usd: float, cap: float, job: str, as_of: str) -> str:
