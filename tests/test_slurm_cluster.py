@@ -381,6 +381,92 @@ def test_a_node_held_to_30_percent_of_its_cpu_is_named_a_straggler_with_its_phas
     assert [(s["node"], s["ranks"], s["phase"]) for s in listed] == [(k["node"], k["ranks"], k["phase"]) for k in kept]
 
 
+def local_times(progress: Path) -> str:
+    """Each rank's last steps' local time (data + forward, what plans/stragglers.py compares), for a failure's
+    message."""
+    from launcher.plans import stragglers
+
+    lines = []
+    for p in sorted(progress.iterdir()) if progress.is_dir() else []:
+        times = [t for t in map(stragglers.parse, p.read_text().splitlines()) if t][-12:]
+        lines.append(f"{p.name}: " + " ".join(f"{t.step}:{t.local:.2f}" for t in times))
+    return "\n".join(lines)
+
+
+def test_a_straggler_drained_mid_run_is_replaced_and_the_run_finishes_every_epoch(home):
+    """The issue's "done when": node1 throttled mid-run is named a straggler with its phase within the default
+    window; with --on-straggler drain the job's step drains it with that reason, stops the run and requeues the job;
+    the keeper replaces the drained node (as its Auto Scaling group would, marked Unhealthy by its health check on
+    AWS) and the run resumes there from its newest checkpoint and finishes every epoch.
+
+    Throttled to 15% of its CPU, not the issue's 30%: this machine's 2 cores are shared (other tests, load average
+    4), and a node held to 30% is then barely slower than one that gets what the load leaves it (the first run here:
+    not named in 36 steps). The 30% case, on a quieter start, is the test above."""
+    from launcher.plans import draining, stragglers
+
+    config = str(home / "clusters/local/ssh_config")
+
+    def nodes_state() -> str:
+        return subprocess.run(["ssh", "-F", config, "head", "sinfo -h -N -o '%N %t'; squeue -h"],
+                              capture_output=True, text=True, timeout=60).stdout
+
+    # The tests before leave their jobs completing: the run needs both workers idle to start at once.
+    wait_for(lambda: all(f"{n} idle" in nodes_state() for n in ("node0", "node1")), 300)
+    before = cluster_state(home)["nodes"][1]
+    assert before["name"] == "node1"
+    run = node_run("drained")
+    proc = launch_background(home, "train", "--data", SHARDS, "--epochs", "6", *TINY, "--max-restarts", "1",
+                             "--on-straggler", "drain", "--output", run)
+    try:
+        job_id = submitted(proc)
+        output = on_host(home, f"{run}/slurm-{job_id}.out")
+        progress = on_host(home, f"{run}/progress")
+
+        def steps() -> int:
+            """the step both ranks have recorded (-1 before any)"""
+            files = list(progress.iterdir()) if progress.is_dir() else []
+            done = [max((t.step for t in map(stragglers.parse, p.read_text().splitlines()) if t), default=-1)
+                    for p in files]
+            return min(done) if len(done) == 2 else -1
+
+        wait_for(lambda: steps() >= 2, 300, 0.2)   # mid-run: past the first steps' start-up
+        throttled_at = steps()
+        launch(home, "local", "fault", "node1", "--cpu", "0.15", check=True)
+        try:
+            wait_for(lambda: "requeueing job" in output.read_text(), 300)
+        except AssertionError:
+            raise AssertionError(output.read_text()[-3000:] + "\n" + nodes_state() + "\n" + local_times(progress)) \
+                from None
+    finally:  # the keeper may be replacing node1 already (a fresh node has no drill in force): no check
+        launch(home, "local", "fault", "node1", "--clear")
+    out, err = proc.communicate(timeout=900)
+    text = output.read_text()
+    assert proc.returncode == 0 and "run finished" in out, out[-4000:] + err[-2000:] + text[-3000:]
+    first, second = text.split("attempt 2", 1)
+    drained = re.search(r"\[job\] straggler: draining node1 \((scaletrain straggler: node1 ([\d.]+)x slower than the "
+                        r"other nodes in (forward \(compute\)|waiting for data) since step (\d+))\)", first)
+    assert drained, first[-3000:]
+    reason, ratio, since = drained.group(1), float(drained.group(2)), int(drained.group(4))
+    assert ratio > stragglers.FACTOR and not re.search(r"straggler: (draining )?node0", text), text[-3000:]
+    # Named within the default window of the throttle: the window's first step is the throttle's, or the one before
+    # (one step of the window may fall under the factor), and not later than a window after it.
+    assert throttled_at - 1 <= since <= throttled_at + stragglers.WINDOW, (throttled_at, since)
+    assert f"[job] requeueing job {job_id} (restart 1 of 1) without node1" in first
+    assert "epoch " in second, second[-3000:]   # trained again, on node1's replacement
+    record = json.loads(on_host(home, f"{run}/restarts.json").read_text())
+    assert [(h["lost"], h["why"]) for h in record["history"]] == [(["node1"], reason)]
+    done = job(home, job_id)
+    assert done["state"] == "succeeded" and done["restarts"] == 1, done
+    logs = launch(home, "logs", job_id, "--cluster", "local", check=True).stdout
+    assert any(ln.startswith("summary: resnet18 2 ranks, 6 epochs") for ln in logs.splitlines()), logs[-3000:]
+    keeper = (home / "clusters/local/keeper.log").read_text()
+    after = cluster_state(home)["nodes"][1]["address"]
+    assert f"node1 is drained ({draining.REASON_PREFIX}node1 " in keeper and f"node1 replaced: {after}" in keeper
+    assert after != before["address"]  # a new instance
+    print(f"throttled at step {throttled_at}, named since step {since} at {ratio}x; "
+          + " ".join(ln for ln in first.splitlines() if "drained; stopping" in ln))
+
+
 def test_a_frozen_nodes_ranks_are_located_with_every_ranks_stack_before_the_job_stops(home):
     """A node frozen mid-run (launch local fault --freeze): nothing moves for --stall-timeout, and before the job's
     step stops the run it takes each rank's stack (py-spy, over srun --overlap) and says where each group is: the
@@ -424,7 +510,8 @@ def test_a_node_with_a_shaped_link_is_refused_before_the_first_step_and_the_job_
     """The issue's "done when": node1's link shaped to 5 Mbit/s (launch local fault --net) before the job starts. The
     job's step measures the ring of pairs over its three nodes (node0, node1, reducer0) before the first step, names
     node1 with its figure and the expected one, drains it with that reason and requeues the job; node1 replaced (as
-    an Auto Scaling group replaces an unhealthy instance), the job runs on the others and the replacement."""
+    an Auto Scaling group replaces an unhealthy instance: the keeper replaces a node drained with the node check's
+    reason), the job runs on the others and the replacement."""
     from launcher.plans import nodecheck
 
     config = str(home / "clusters/local/ssh_config")
@@ -455,13 +542,15 @@ def test_a_node_with_a_shaped_link_is_refused_before_the_first_step_and_the_job_
         assert not re.search(r"node check: (node0|reducer0) refused", text), text[-3000:]
         took = re.search(r"\[job\] node check: ([\d.]+) s", text)
         print(f"node check on 3 nodes: {took.group(1)} s")
-        node = subprocess.run(["ssh", "-F", config, "head", "scontrol --oneliner show node node1"],
-                              capture_output=True, text=True, timeout=60).stdout
-        assert "DRAIN" in node and f"Reason={nodecheck.REASON_PREFIX}" in node, node
-        assert f"{refused.group(1)} Mbit/s to and from its neighbours" in node, node
-    finally:
-        launch(home, "local", "fault", "node1", "--clear", check=True)
-    launch(home, "local", "kill", "node1", check=True)  # as an Auto Scaling group replaces an unhealthy instance
+        # Drained with that reason, which the keeper reads to replace it (the record itself returns to service as
+        # the replacement registers, maybe before this looks).
+        keeper = home / "clusters/local/keeper.log"
+        mark = f"node1 is drained ({nodecheck.REASON_PREFIX}"
+        wait_for(lambda: mark in keeper.read_text(), 120)
+        drained = next(ln for ln in keeper.read_text().splitlines() if mark in ln)
+        assert f"{refused.group(1)} Mbit/s to and from its neighbours" in drained, drained
+    finally:  # the keeper may be replacing node1 already (a fresh node has no drill in force): no check
+        launch(home, "local", "fault", "node1", "--clear")
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0 and "run finished" in out, out[-4000:] + err[-2000:]
     text = output.read_text()
@@ -470,6 +559,7 @@ def test_a_node_with_a_shaped_link_is_refused_before_the_first_step_and_the_job_
     record = json.loads(on_host(home, f"{run}/restarts.json").read_text())
     assert record["history"][0]["lost"] == ["node1"] and record["history"][0]["why"].startswith(
         nodecheck.REASON_PREFIX)
+    assert "node1 replaced: " in keeper.read_text().split(mark, 1)[1]  # by the keeper, as its group would
 
 
 def test_a_run_stops_at_its_max_cost_with_a_checkpoint_and_resume_continues_from_it(home):

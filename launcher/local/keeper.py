@@ -4,8 +4,11 @@ On AWS a worker's Auto Scaling group launches a new instance when one is termina
 the new instance registers with Slurm's controller from its own boot (slurmd -Z), with nobody attached. `launch local
 up` starts this keeper for a local cluster with Slurm, so that recovery there needs no launcher either: every
 second it looks at each node's first process, and when one has ended it boots the node afresh (new address, new
-host keys, the others told: launcher/local/rehearsal_cluster.replace), whose slurmd then registers again. The head
-node is not replaced, as ParallelCluster's head node is in no Auto Scaling group. `launch local down` stops it first.
+host keys, the others told: launcher/local/rehearsal_cluster.replace), whose slurmd then registers again. A node
+that Slurm holds drained with one of scaletrain's reasons (a straggler, --on-straggler drain; a node that fell short
+of the node check) is replaced too, once no job is left on it (launcher/plans/draining.to_replace decides): on AWS
+that node's health check marks its instance Unhealthy and its Auto Scaling group replaces it. The head node is not
+replaced, as ParallelCluster's head node is in no Auto Scaling group. `launch local down` stops it first.
 
 It logs one line per event to the cluster's keeper.log. Run as ``python -m launcher.local.keeper NAME``.
 """
@@ -89,10 +92,43 @@ def torn_down(c) -> bool:
     return True
 
 
+DRAINED_POLL_S = 5.0   # how often the keeper asks the controller for drained nodes (an ssh to the head node)
+_REPLACED: dict[str, str] = {}   # node -> the SlurmdStartTime of the drained instance replaced (draining.to_replace)
+
+
+def drained(c) -> list[str]:
+    """The nodes Slurm holds drained with a scaletrain reason and no job on them, to replace as the Auto Scaling
+    group replaces an instance marked Unhealthy; [] when the head node does not answer (asked again later)."""
+    import subprocess
+
+    from launcher import cluster as clusters
+    from launcher.plans import draining, slurm
+
+    if c.head is None:
+        return []
+    now = time.monotonic()
+    if now - _ASKED.get("drained", -DRAINED_POLL_S) < DRAINED_POLL_S:
+        return []
+    _ASKED["drained"] = now
+    try:
+        out = subprocess.run(["ssh", "-F", str(clusters.cluster_dir(c.name) / "ssh_config"), "-o", "BatchMode=yes",
+                              "-o", "ConnectTimeout=5", c.head.name, "scontrol --oneliner show node"],
+                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    records = {f["NodeName"]: f for f in map(slurm.fields, out.splitlines()) if "NodeName" in f}
+    found = [n for n in draining.to_replace(records, _REPLACED) if n in c.names()]
+    for n in found:
+        _REPLACED[n] = records[n].get("SlurmdStartTime", "")
+        say(f"{n} is drained ({records[n].get('Reason', '')}); replacing it, as its Auto Scaling group would")
+    return found
+
+
 def main(name: str) -> int:
     from launcher import cluster as clusters
     from launcher.errors import LaunchError
     from launcher.local import rehearsal_cluster as local_rehearsal
+    from launcher.local import rehearsal_nodes
 
     stopping = False
 
@@ -111,7 +147,12 @@ def main(name: str) -> int:
             return 0
         if torn_down(c):
             return 0
-        lost = [n for n in c.names() if n not in local_rehearsal.running_nodes(c)]
+        running = local_rehearsal.running_nodes(c)
+        lost = [n for n in c.names() if n not in running]
+        for n in drained(c):  # as the group terminates the unhealthy instance, then launches its replacement
+            if n in running:
+                rehearsal_nodes.stop(c.processes[n])
+            lost.append(n)
         if not lost or stopping:
             continue
         started = time.monotonic()
