@@ -249,3 +249,20 @@ def test_launch_plan_says_when_its_estimate_exceeds_the_cap(tmp_path):
     assert under.returncode == 0 and "exceeds --max-cost $" in under.stdout and "by $0.01" in under.stdout
     at = plan("--max-cost", f"{whole + 0.01:.2f}")
     assert at.returncode == 0 and "exceeds" not in at.stdout and "is within --max-cost" in at.stdout
+
+
+def test_status_reads_each_run_directorys_record_and_counts_a_running_job_to_now():
+    import json
+
+    record = {"job": "7", "cap_usd": 10.0, "spent_usd": 4.0, "usd_per_hour": 36.0, "since": 1000.0, "state": "under"}
+    query = budget.records_query(["/fsx/runs/a b", "/fsx/runs/c"])
+    assert "cat '/fsx/runs/a b/budget.json'" in query and budget.records_query([]) == "true"
+    text = (f"{budget.RECORD_MARK}/fsx/runs/a b\n{json.dumps(record)}\n{budget.RECORD_MARK}/fsx/runs/c\n"
+            f'{{"cap_usd": 1')  # torn: left out
+    found = budget.parse_records(text)
+    assert list(found) == ["/fsx/runs/a b"] and found["/fsx/runs/a b"]["cap_usd"] == 10.0
+    assert budget.state_line("7", "running", found["/fsx/runs/a b"], 1500.0) == \
+        "budget of job 7 (running): $5.00 of --max-cost $10.00 spent (50%)"  # counted to now: 500 s at $36/h
+    stopped = {**found["/fsx/runs/a b"], "state": "stopped", "spent_usd": 10.02}
+    assert budget.state_line("7", "failed", stopped, 9999.0) == \
+        "budget of job 7 (failed): $10.02 of --max-cost $10.00 spent (100%), stopped at the cap"

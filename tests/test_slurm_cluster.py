@@ -586,6 +586,9 @@ def test_a_run_stops_at_its_max_cost_with_a_checkpoint_and_resume_continues_from
     job_id = next(j["id"] for j in jobs(home) if j["output"] == run)
     ended = job(home, job_id)
     assert ended["state"] == "failed" and ended["restarts"] == 0, ended  # a deliberate stop: never requeued
+    assert ended["budget"]["state"] == "stopped" and ended["budget"]["spent_usd"] >= ended["budget"]["cap_usd"]
+    listed = launch(home, "jobs", "--cluster", "local", check=True).stdout
+    assert re.search(rf"{job_id} .* failed \(stopped at --max-cost \$[\d.,]+\)", listed), listed
     logs = launch(home, "logs", job_id, "--cluster", "local", check=True).stdout
     stop = [ln for ln in logs.splitlines() if ln.startswith("error: stopped at the budget")]
     assert len(stop) == 1 and stop[0][len("error: "):] in said[-1], logs[-3000:]
@@ -594,6 +597,10 @@ def test_a_run_stops_at_its_max_cost_with_a_checkpoint_and_resume_continues_from
     assert on_host(home, f"{run}/{kept}").exists()
     assert re.search(r"stopped after step \d+ \(epoch \d+\): budget reached", logs), logs[-3000:]
     assert json.loads(on_host(home, f"{run}/budget.json").read_text())["state"] == "stopped"
+    status = launch(home, "status", "--cluster", "local").stdout  # spent against the cap
+    assert re.search(rf"budget of job {job_id} \(failed\): \$[\d.,]+ of --max-cost \$[\d.,]+ spent \(1\d\d%\), "
+                     r"stopped at the cap", status), status[-2000:]
+    assert "cost so far as --max-cost counts it: $" in status and "priced as the same shape on AWS" in status
 
     again = launch(home, "train", "--data", SHARDS, "--epochs", "40", *TINY, "--resume", "--max-cost", cap_in(60),
                    "--output", run)

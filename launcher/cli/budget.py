@@ -68,3 +68,43 @@ def plan_budget(cost_usd: float, time_to_train_s: float, cap: float) -> tuple[di
     line = budget.plan_line(cost_usd, head, cap)
     return {"max_cost_usd": cap, "estimate_usd": round(cost_usd + head, 2), "head_node_usd": round(head, 2),
             "exceeds": line is not None}, line
+
+
+BUDGET_JOBS = 20  # the newest jobs whose budget record `launch status` and `launch jobs` read
+
+
+def recorded(c: clusters.Cluster, found: list) -> dict[str, dict]:
+    """Run directory -> its budget record (plans/budget.parse_records), for the newest of ``found`` (slurm.Job) that
+    started, read in one command on the head node; none when the head node does not answer."""
+    from launcher.execute import remote, slurmjobs
+
+    outputs = list(dict.fromkeys(j.output for j in found[:BUDGET_JOBS] if j.output and j.state != "queued"))
+    if not outputs:
+        return {}
+    try:
+        _, text = remote.check(c, slurmjobs.head_of(c), budget.records_query(outputs), timeout_s=30)
+    except LaunchError:
+        return {}  # the table without them: the queue itself was read
+    return budget.parse_records(text)
+
+
+def status_lines(c: clusters.Cluster) -> list[str]:
+    """`launch status`: what the cluster has cost since it came up as the budget counts it (a local cluster as the
+    same shape on AWS), and the newest jobs' spend against their --max-cost."""
+    from launcher.execute import budget as spend
+    from launcher.execute import slurmjobs
+
+    parts = budget.hourly(c)
+    rate, now = budget.total(parts), time.time()
+    lines = [f"cost so far as --max-cost counts it: ${budget.spent(rate, now - spend.came_up(c)):,.2f} at "
+             f"${rate:,.2f}/h ({'; '.join(p.what for p in parts)}"
+             + (", priced as the same shape on AWS)" if c.backend == "local" else ")")]
+    if c.head is None:
+        return lines
+    try:
+        found = slurmjobs.jobs(c)
+    except LaunchError:
+        return lines  # the nodes' table was the answer asked for
+    records = recorded(c, found)
+    return lines + [budget.state_line(j.id, j.state, records[j.output], now) for j in found[:BUDGET_JOBS]
+                    if j.output in records]

@@ -59,6 +59,7 @@ def status(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pr
         table.add_row(n.name, n.role, n.address, str(n.slots), "ready" if r.ok else f"unreachable: {r.error}",
                       r.stdout.strip() if r.ok else "")
     console.print(table)
+    _budget_status(c)
     if not all(r.ok for r in answers.values()):
         raise typer.Exit(1)
 
@@ -93,11 +94,20 @@ def _status_aws(c: clusters.Cluster, region: str | None, profile: str | None, ex
                                          f"{c.aws.ttl_expires_at})" if left > 0 else
                                          f"expired at {c.aws.ttl_expires_at}: deletion under way")
     console.print(f"cost so far: ${lifecycle.cost_so_far(rows):,.2f} (on-demand prices); TTL: {ttl}")
+    _budget_status(c)
     console.print(_idle_status(sess, c.aws.stack, now), markup=False, highlight=False)
     if newcomers:
         console.print(newcomers, markup=False, highlight=False)
     if any(r.state != "running" for r in rows):
         raise typer.Exit(1)
+
+
+def _budget_status(c: clusters.Cluster) -> None:
+    """What --max-cost counts (the head node and storage included) and the newest jobs' spend against their caps."""
+    from launcher.cli import budget as budgetcli
+
+    for line in budgetcli.status_lines(c):
+        console.print(line, markup=False, highlight=False)
 
 
 def _idle_status(sess, stack: str, now) -> str:

@@ -57,13 +57,17 @@ def jobs_(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pro
           as_json: bool = typer.Option(False, "--json", help="One JSON array: id, name, state (queued, running, "
                                                                "succeeded, failed, cancelled), started, ended, "
                                                                "nodes, restarts, output, stdout, exit_code, "
-                                                               "stragglers.")):
+                                                               "stragglers, budget (with --max-cost).")):
     """The cluster's jobs (Slurm's queue and its record of finished jobs), newest first."""
     check_aws_options(region, profile)
     c = resolve(cluster, region, profile, reach=True)
     found = slurmjobs.with_stragglers(c, slurmjobs.jobs(c))
+    from launcher.cli import budget as budgetcli
+
+    budgets = budgetcli.recorded(c, found)  # --max-cost: each run's spend and cap (launcher/plans/budget.py)
     if as_json:
-        print(json.dumps([j.as_json() for j in found], indent=1, allow_nan=False))  # strict JSON (RFC 8259)
+        print(json.dumps([j.as_json() | ({"budget": budgets[j.output]} if j.output in budgets else {})
+                          for j in found], indent=1, allow_nan=False))  # strict JSON (RFC 8259)
         return
     if not found:
         console.print("no jobs")
@@ -72,7 +76,9 @@ def jobs_(cluster: str = ClusterOpt, region: str = RegionOpt, profile: str = Pro
     for col in ("id", "name", "state", "started", "nodes", "restarts", "stragglers", "output"):
         table.add_column(col, no_wrap=col not in ("output", "stragglers"))
     for j in found:
-        table.add_row(j.id, j.name, j.state + (f" ({j.reason})" if j.reason and j.state == "queued" else ""),
+        capped = budgets.get(j.output or "", {}).get("state") == "stopped"
+        table.add_row(j.id, j.name, j.state + (f" ({j.reason})" if j.reason and j.state == "queued" else "")
+                      + (f" (stopped at --max-cost ${budgets[j.output]['cap_usd']:,.2f})" if capped else ""),
                       j.started or "-", j.nodes, str(j.restarts), stragglers.summary(list(j.stragglers)),
                       j.output or "-")
     console.print(table)

@@ -11,7 +11,10 @@ reducers as the reducer tier's default type, its head node as the stack's, its s
 
 from __future__ import annotations
 
+import json
 import math
+import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,9 +35,10 @@ FSX_SCRATCH_USD_PER_GB_MONTH = 0.140
 HOURS_PER_MONTH = 730.0
 STATE_FILE = "budget.json"          # the step's last reckoning, in the run directory: `launch status` reads it
 
-__all__ = ["FSX_SCRATCH_USD_PER_GB_MONTH", "HOURS_PER_MONTH", "LOCAL_WORKER_TYPE", "STATE_FILE", "WARN_FRACTION",
-           "Part", "Verdict", "cap_problem", "fsx_usd_per_hour", "hourly", "not_started_line", "plan_line",
-           "seconds_to_cap", "spent", "state_line", "step_args", "stop_line", "total", "verdict", "warn_line"]
+__all__ = ["FSX_SCRATCH_USD_PER_GB_MONTH", "HOURS_PER_MONTH", "LOCAL_WORKER_TYPE", "RECORD_MARK", "STATE_FILE",
+           "WARN_FRACTION", "Part", "Verdict", "cap_problem", "fsx_usd_per_hour", "hourly", "not_started_line",
+           "parse_records", "plan_line", "records_query", "seconds_to_cap", "spent", "state_line", "step_args",
+           "stop_line", "total", "verdict", "warn_line"]
 
 
 @dataclass(frozen=True)
@@ -147,10 +151,39 @@ def not_started_line(spent_usd: float, cap: float, usd_per_hour: float) -> str:
             f"--max-cost ${cap:,.2f} is spent; give a larger cap")
 
 
-def state_line(spent_usd: float, cap: float, job: str, as_of: str) -> str:
-    """`launch status`: a running budget's spend against its cap."""
-    return (f"budget of job {job}: ${spent_usd:,.2f} of --max-cost ${cap:,.2f} spent ({spent_usd / cap:.0%}) "
-            f"as of {as_of}")
+RECORD_MARK = "==> budget of "
+
+
+def records_query(outputs: Iterable[str]) -> str:
+    """One shell line printing each run directory's STATE_FILE after a mark naming the directory (read in one round
+    trip to the head node, which mounts the shared storage)."""
+    return "; ".join(f"echo {shlex.quote(RECORD_MARK + d)}; cat {shlex.quote(d.rstrip('/') + '/' + STATE_FILE)} "
+                     f"2>/dev/null" for d in outputs) or "true"
+
+
+def parse_records(text: str) -> dict[str, dict]:
+    """Run directory -> its budget record (cap_usd, spent_usd, usd_per_hour, since, state), from
+    :func:`records_query`'s output; a missing or torn record is left out."""
+    found: dict[str, dict] = {}
+    for chunk in text.split(RECORD_MARK)[1:]:
+        directory, _, body = chunk.partition("\n")
+        try:
+            got = json.loads(body)
+            found[directory] = {"cap_usd": float(got["cap_usd"]), "spent_usd": float(got["spent_usd"]),
+                                "usd_per_hour": float(got["usd_per_hour"]), "since": float(got["since"]),
+                                "state": str(got["state"])}
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def state_line(job: str, job_state: str, record: dict, now_epoch_s: float) -> str:
+    """`launch status`: a job's spend against its cap; a running job's counted to now, an ended job's as it ended."""
+    running = job_state == "running" and record["state"] != "stopped"
+    spent_usd = spent(record["usd_per_hour"], now_epoch_s - record["since"]) if running else record["spent_usd"]
+    cap = record["cap_usd"]
+    return (f"budget of job {job} ({job_state}): ${spent_usd:,.2f} of --max-cost ${cap:,.2f} spent "
+            f"({spent_usd / cap:.0%})" + (", stopped at the cap" if record["state"] == "stopped" else ""))
 
 
 def plan_line(estimate_usd: float, head_usd: float, cap: float) -> str | None:
