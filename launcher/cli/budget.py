@@ -15,8 +15,9 @@ from launcher.plans import budget
 MaxCostOpt = typer.Option(None, "--max-cost", metavar="USD",
                           help="Stop the run when the cluster has cost this much since it came up (every node, the "
                                "head node and the shared storage, at the catalog's on-demand prices; a local "
-                               "cluster as the same shape on AWS): a warning at 80%, then a checkpoint and one "
-                               "line; with --teardown the cluster goes too.")
+                               "cluster as the same shape on AWS): a warning at 80%, then the run stops with one "
+                               "line (launch train: after a checkpoint, which --resume continues from; launch run: "
+                               "SIGTERM to the command); with --teardown the cluster goes too.")
 
 
 def checked(text: str | None) -> float | None:
