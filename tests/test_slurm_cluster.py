@@ -123,7 +123,9 @@ def test_nodes_boot_as_instances_of_the_image_boot(home):
             f"systemctl show -p LimitMEMLOCK --value {daemon}",
             "curl -s -o /dev/null -w '%{http_code}\\n' http://169.254.169.254/latest/meta-data/instance-id",
             "t=$(curl -sf -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token)"
-            " && curl -sf -H \"X-aws-ec2-metadata-token: $t\" http://169.254.169.254/latest/meta-data/local-ipv4"]),
+            " && curl -sf -H \"X-aws-ec2-metadata-token: $t\" http://169.254.169.254/latest/meta-data/local-ipv4; echo",
+            "awk '/^CapBnd/ {print $2}' /proc/1/status", "systemctl show -p LoadState --value chrony",
+            "systemctl show -p ConditionResult --value chrony"]),
             check=True).stdout.split("\n")
         address = next(n["address"] for n in [*cluster_state(home)["nodes"], cluster_state(home)["head"]]
                        if n["name"] == node)
@@ -132,6 +134,12 @@ def test_nodes_boot_as_instances_of_the_image_boot(home):
         assert said[:10] == ["systemd", "status: done", "cgroup2fs", f"fuse.sshfs root@{storage}:/", "1",
                              "active", "active", "enabled", memlock, "401"], (node, said)
         assert said[10] == address, (node, said)
+        # No process of the node may set this machine's clock or load a module into its kernel (boot_script's
+        # bounding set, bits 25 and 16 of capabilities(7); 21, CAP_SYS_ADMIN, kept: it mounts /fsx), so the
+        # image's chrony, installed, skips itself.
+        bounding = int(said[11], 16)
+        assert not bounding & (1 << 25) and not bounding & (1 << 16) and bounding & (1 << 21), (node, said)
+        assert said[12:14] == ["loaded", "no"], (node, said)
     # A job's locked-memory limit is slurmd's, not that of the shell that submitted it (PropagateResourceLimits-
     # Except=MEMLOCK): submitted from a shell limited to 64 KiB, the job has slurmd's. (This machine's processes lack
     # CAP_SYS_RESOURCE, so slurmd's own stays at the machine's; on an instance it is the unit's infinity.)

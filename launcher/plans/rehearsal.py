@@ -348,7 +348,14 @@ def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merge
         "umount -l /.oldroot",
         "rmdir /.oldroot",
         # systemd's interface for containers: `container` names the manager (systemd's CONTAINER_INTERFACE).
-        "exec env -i container=scaletrain-rehearsal /sbin/init",
+        # The node is root on this machine's kernel, where the clock and the loaded modules are not namespaced
+        # (time_namespaces(7) offsets only the monotonic and boot clocks): without CAP_SYS_TIME and CAP_SYS_MODULE
+        # in its bounding set no process of the node can set this machine's clock or load a module into its kernel,
+        # which a container runtime refuses the same way (Docker's default capabilities leave both out:
+        # https://docs.docker.com/engine/containers/run/#runtime-privilege-and-linux-capabilities). The image's
+        # chrony.service then skips itself (ConditionCapability=CAP_SYS_TIME), as in a container; on an instance
+        # it keeps the clock (capabilities(7); setpriv(1) --bounding-set).
+        "exec setpriv --bounding-set=-sys_time,-sys_module env -i container=scaletrain-rehearsal /sbin/init",
         ""])
 
 

@@ -25,4 +25,4 @@ pivot_root . .oldroot
 cd /
 umount -l /.oldroot
 rmdir /.oldroot
-exec env -i container=scaletrain-rehearsal /sbin/init
+exec setpriv --bounding-set=-sys_time,-sys_module env -i container=scaletrain-rehearsal /sbin/init
