@@ -172,6 +172,47 @@ class NodeIdentity(Construct):
         NagSuppressions.add_resource_suppressions(self.role, suppressions, apply_to_children=True)
         self.profile = iam.CfnInstanceProfile(self, "InstanceProfile", roles=[self.role.role_name])
 
+    def allow_marking_unhealthy(self, group_names: list[str]) -> None:
+        """autoscaling:SetInstanceHealth on the stack's own Auto Scaling groups, and no other: a node that scaletrain
+        drained (a straggler under --on-straggler drain, a link that fell short of the node check) marks its own
+        instance Unhealthy from its health check (launcher/doctor/health.py), and its group replaces it.
+
+        SetInstanceHealth takes the autoScalingGroup resource type, whose ARN is
+        ``arn:${Partition}:autoscaling:${Region}:${Account}:autoScalingGroup:${GroupId}:autoScalingGroupName/${Name}``
+        (Service Authorization Reference, "Actions, resources, and condition keys for Amazon EC2 Auto Scaling",
+        https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html). The
+        group's id is a UUID AWS assigns at creation, which CloudFormation does not return (an
+        AWS::AutoScaling::AutoScalingGroup has no Arn attribute), so it is the one wildcard; the names are the
+        stack's groups.
+        """
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["autoscaling:SetInstanceHealth"],
+                resources=[
+                    f"arn:{Aws.PARTITION}:autoscaling:{Aws.REGION}:{Aws.ACCOUNT_ID}:autoScalingGroup:*:"
+                    f"autoScalingGroupName/{name}"
+                    for name in group_names
+                ],
+            )
+        )
+        NagSuppressions.add_resource_suppressions(
+            self.role,
+            [
+                {
+                    "id": "AwsSolutions-IAM5",
+                    "reason": "mark an instance of this stack's own Auto Scaling groups Unhealthy; the wildcard is "
+                    "the group id AWS assigns, which CloudFormation does not return",
+                    "appliesTo": [
+                        {
+                            "regex": "/^Resource::arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:"
+                            "autoScalingGroup:\\*:autoScalingGroupName\\/<[A-Za-z0-9]+>$/g"
+                        }
+                    ],
+                }
+            ],
+            apply_to_children=True,
+        )
+
     def _grant_checkpoint_key(self, key_arn: str) -> None:
         """Use of the customer-managed KMS key the checkpoint bucket encrypts with (SSE-KMS), through S3 only.
 

@@ -214,6 +214,11 @@ class ClusterStack(Stack):
             )
             _pin(self.reducers.group, "ReducerGroup")
 
+        # A node scaletrain drained (a straggler, a short link) has its group replace it (launcher/doctor/health.py).
+        identity.allow_marking_unhealthy(
+            [self.workers.group.ref, *([self.reducers.group.ref] if self.reducers is not None else [])]
+        )
+
         # The TTL counts from when the expensive resources exist, not from the start of the deploy.
         expensive: list[IConstruct] = [self.workers.group]
         if self.reducers is not None:

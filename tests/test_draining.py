@@ -120,6 +120,12 @@ def test_an_instance_replaced_once_is_not_replaced_again_before_its_replacement_
     assert draining.to_replace({"node1": drained}, {"node2": "2026-11-28T07:00:00"}) == ["node1"]
 
 
+def test_a_drained_aws_node_marks_its_own_instance_unhealthy_past_the_grace_period():
+    assert draining.unhealthy_argv("/usr/local/bin/aws", "i-0abc", "us-east-1") == [
+        "/usr/local/bin/aws", "autoscaling", "set-instance-health", "--instance-id", "i-0abc", "--health-status",
+        "Unhealthy", "--no-should-respect-grace-period", "--region", "us-east-1"]
+
+
 @pytest.mark.parametrize("state", ["ALLOCATED+DRAIN", "MIXED+DRAIN", "IDLE+COMPLETING+DRAIN"])
 def test_a_node_still_running_the_job_that_drained_it_is_not_replaced_yet(state):
     assert draining.to_replace({"node1": {"State": state, "Reason": draining.reason(named("node1"))}}) == []

@@ -430,6 +430,23 @@ def test_every_node_uses_the_one_instance_profile(name: str, request: pytest.Fix
         assert synth.launch_template(group_id)["IamInstanceProfile"] == {"Arn": {"Fn::GetAtt": [profile_id, "Arn"]}}
 
 
+def _group_arn(logical_id: str) -> str:
+    return (f"arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:"
+            f"autoScalingGroupName/<{logical_id}>")
+
+
+def _rendered(resource: Any) -> Any:
+    return tuple(sorted(render(r) for r in resource)) if isinstance(resource, list) else render(resource)
+
+
+def _set_health(synth: Synth) -> tuple[str, Any]:
+    """A node scaletrain drained marks its own instance Unhealthy (launcher/doctor/health.py): the statement that
+    lets it, on the stack's own groups only."""
+    groups = sorted(synth.resources("AWS::AutoScaling::AutoScalingGroup"))
+    arns = tuple(_group_arn(g) for g in groups)
+    return "autoscaling:SetInstanceHealth", arns if len(arns) > 1 else arns[0]
+
+
 def test_instance_role_is_ssm_core_plus_reading_the_data_bucket(p3dn_fsx: Synth, p5_spot: Synth) -> None:
     role_id, role = _instance_role(p3dn_fsx)
     assert json.dumps(role["ManagedPolicyArns"]).count("policy/") == 1
@@ -438,22 +455,23 @@ def test_instance_role_is_ssm_core_plus_reading_the_data_bucket(p3dn_fsx: Synth,
         p for p in p3dn_fsx.resources("AWS::IAM::Policy").values() if p["Properties"]["Roles"] == [{"Ref": role_id}]
     )
     statements = {
-        tuple(sorted([s["Action"]] if isinstance(s["Action"], str) else s["Action"])): render(s["Resource"])
+        tuple(sorted([s["Action"]] if isinstance(s["Action"], str) else s["Action"])): _rendered(s["Resource"])
         for s in policy["Properties"]["PolicyDocument"]["Statement"]
     }
     assert statements == {
         ("s3:GetBucketLocation", "s3:ListBucket"): "arn:<AWS::Partition>:s3:::my-imagenet-shards",
         ("s3:GetObject",): "arn:<AWS::Partition>:s3:::my-imagenet-shards/*",
         MUNGE_KEY_READ[0]: MUNGE_KEY_READ[1],
+        ("autoscaling:SetInstanceHealth",): (_group_arn("ReducerGroup"), _group_arn("WorkerGroup")),
     }
-    # Without a data bucket the nodes get SSM and the munge key, nothing else.
+    # Without a data bucket the nodes get SSM, the munge key and their own groups' health, nothing else.
     role_id, _ = _instance_role(p5_spot)
     assert [
-        (s["Action"], render(s["Resource"]))
+        (s["Action"], _rendered(s["Resource"]))
         for p in p5_spot.resources("AWS::IAM::Policy").values()
         if {"Ref": role_id} in p["Properties"]["Roles"]
         for s in p["Properties"]["PolicyDocument"]["Statement"]
-    ] == [(MUNGE_KEY_READ[0][0], MUNGE_KEY_READ[1])]
+    ] == [(MUNGE_KEY_READ[0][0], MUNGE_KEY_READ[1]), _set_health(p5_spot)]
 
 
 @pytest.fixture(scope="module")
@@ -483,7 +501,7 @@ def test_checkpoint_bucket_lets_the_nodes_write_under_its_prefix_only(p4d_checkp
     """What training/durable.py's AWS CLI calls need (s3 cp up and down, s3 rm of the marker, s3api
     list-objects-v2 --prefix PREFIX/), on PREFIX/* and nowhere else: without it they fail with AccessDenied."""
     statements = {
-        (tuple(sorted(_actions(s))), render(s["Resource"]), json.dumps(s.get("Condition"), sort_keys=True))
+        (tuple(sorted(_actions(s))), _rendered(s["Resource"]), json.dumps(s.get("Condition"), sort_keys=True))
         for s in _role_statements(p4d_checkpoints)
     }
     assert statements == {
@@ -502,6 +520,7 @@ def test_checkpoint_bucket_lets_the_nodes_write_under_its_prefix_only(p4d_checkp
             json.dumps({"StringLike": {"s3:prefix": "team/runs/*"}}, sort_keys=True),
         ),
         (*MUNGE_KEY_READ, "null"),
+        ((_set_health(p4d_checkpoints)[0],), _set_health(p4d_checkpoints)[1], "null"),
     }
     matches = lint(json.dumps(p4d_checkpoints.json), config=ManualArgs(regions=[p4d_checkpoints.stack.region]))
     assert [m for m in matches if m.rule.id.startswith("E")] == []

@@ -104,8 +104,10 @@ def statements(synth: Synth, role_id: str) -> list[dict[str, Any]]:
             for s in p["Properties"]["PolicyDocument"]["Statement"]]
 
 
-def grants(synth: Synth, role_id: str) -> set[tuple[tuple[str, ...], str]]:
-    return {(tuple(sorted([s["Action"]] if isinstance(s["Action"], str) else s["Action"])), text(s["Resource"]))
+def grants(synth: Synth, role_id: str) -> set[tuple[tuple[str, ...], Any]]:
+    """(actions, resource) of each statement; several resources as a sorted tuple."""
+    return {(tuple(sorted([s["Action"]] if isinstance(s["Action"], str) else s["Action"])),
+             tuple(sorted(map(text, s["Resource"]))) if isinstance(s["Resource"], list) else text(s["Resource"]))
             for s in statements(synth, role_id)}
 
 
@@ -406,13 +408,21 @@ def test_head_role_is_ssm_core_the_munge_key_and_the_ttl_parameter_only(
     assert "*" not in json.dumps(statements(synth, head_role(synth)))
 
 
+# A node scaletrain drained marks its own instance Unhealthy for its group (launcher/doctor/health.py, infra/compute.py
+# NodeIdentity.allow_marking_unhealthy): the health check's grant, not the boot's.
+GROUP_ARN = "arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/"
+SET_HEALTH = (("autoscaling:SetInstanceHealth",), f"{GROUP_ARN}<WorkerGroup>")
+
+
 def test_node_role_gains_the_munge_key_and_nothing_else(on_demand: Synth, spot: Synth) -> None:
     assert grants(on_demand, node_role(on_demand)) == {
         (("s3:GetBucketLocation", "s3:ListBucket"), "arn:<AWS::Partition>:s3:::my-shards"),
         (("s3:GetObject",), "arn:<AWS::Partition>:s3:::my-shards/*"),
         (("secretsmanager:GetSecretValue",), "<MungeKey>"),
+        SET_HEALTH,
     }
-    assert grants(spot, node_role(spot)) == {(("secretsmanager:GetSecretValue",), "<MungeKey>")}
+    both = (f"{GROUP_ARN}<ReducerGroup>", f"{GROUP_ARN}<WorkerGroup>")   # its groups, and no other
+    assert grants(spot, node_role(spot)) == {(("secretsmanager:GetSecretValue",), "<MungeKey>"), (SET_HEALTH[0], both)}
 
 
 def test_the_roles_statements_are_infra_policies_which_the_rehearsal_account_grants_too(spot: Synth) -> None:
@@ -420,7 +430,10 @@ def test_the_roles_statements_are_infra_policies_which_the_rehearsal_account_gra
     cluster's stand-in account grants its two roles (launcher/local/rehearsal_account.py)."""
     arns = {"secret_arn": "<MungeKey>", "parameter_arn": ttl_parameter_arn(spot.context["cluster_name"])}
     for role, role_id in ((policies.HEAD_ROLE, head_role(spot)), (policies.NODE_ROLE, node_role(spot))):
-        found = [{k: text(v) if k == "Resource" else v for k, v in st.items()} for st in statements(spot, role_id)]
+        # The boot's statements: the health check's SetInstanceHealth (above) is not one, and the rehearsal account
+        # has no Auto Scaling group to grant it on (the keeper stands in for the group).
+        found = [{k: text(v) if k == "Resource" else v for k, v in st.items()} for st in statements(spot, role_id)
+                 if st["Action"] != SET_HEALTH[0][0]]
         assert found == policies.role_statements(role, **arns), role
         trust = spot.props(role_id)["AssumeRolePolicyDocument"]
         assert trust["Statement"] == policies.trust_policy()["Statement"], role

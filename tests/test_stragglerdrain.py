@@ -160,3 +160,52 @@ def test_good_on_straggler_passes_to_finding_the_cluster(command, args, tmp_path
     code, err = launch(tmp_path, monkeypatch, capsys, *command, *args, *(["--", "true"] if command[0] == "run"
                                                                          else []))
     assert code == 1 and "on-straggler" not in err, err
+
+
+def test_a_drained_aws_node_has_its_own_instance_marked_unhealthy(tmp_path, monkeypatch, capsys):
+    """launcher/doctor/health.mark_unhealthy: its id and region from IMDSv2 (a token first, then the token on every
+    request), then the AWS CLI's set-instance-health for that instance (a stub here records its argv)."""
+    import http.server
+    import threading
+
+    from ami import paths
+    from launcher.doctor import health
+    from launcher.plans import imds
+
+    asked: list[tuple[str, str | None]] = []
+
+    class Imds(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):
+            asked.append(("PUT " + self.path, self.headers.get(imds.TTL_HEADER)))
+            self._answer("token-1")
+
+        def do_GET(self):
+            asked.append(("GET " + self.path, self.headers.get(imds.TOKEN_HEADER)))
+            self._answer({"/latest/meta-data/instance-id": "i-0abc",
+                          "/latest/meta-data/placement/region": "eu-west-1"}[self.path])
+
+        def _answer(self, text: str) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(text.encode())
+
+        def log_message(self, *_):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Imds)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    aws = tmp_path / "aws"
+    aws.write_text(f"#!/bin/sh\necho \"$@\" >{tmp_path / 'argv'}\n")
+    aws.chmod(0o755)
+    monkeypatch.setattr(health, "IMDS", f"http://127.0.0.1:{server.server_port}/latest")
+    monkeypatch.setattr(paths, "AWS_CLI", str(aws))
+    try:
+        health.mark_unhealthy("node1", time.monotonic() + 10)
+    finally:
+        server.shutdown()
+    assert asked == [("PUT /latest/api/token", "60"), ("GET /latest/meta-data/instance-id", "token-1"),
+                     ("GET /latest/meta-data/placement/region", "token-1")]
+    assert (tmp_path / "argv").read_text().split() == [
+        "autoscaling", "set-instance-health", "--instance-id", "i-0abc", "--health-status", "Unhealthy",
+        "--no-should-respect-grace-period", "--region", "eu-west-1"]
+    assert "node1 (i-0abc) is drained for replacement; marked Unhealthy" in capsys.readouterr().out

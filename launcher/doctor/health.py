@@ -53,7 +53,7 @@ import time
 
 from ami import paths
 from launcher.doctor import checks
-from launcher.plans import slurm
+from launcher.plans import draining, slurm
 
 # The launcher's working directory over SSH is not the node's health: a fresh node has none until a launcher
 # connects.
@@ -242,6 +242,43 @@ def scontrol(args: list[str], until: float) -> str:
         return ""
 
 
+IMDS = "http://169.254.169.254/latest"
+
+
+def mark_unhealthy(node: str, until: float) -> None:
+    """This node is drained with one of scaletrain's reasons and no job is left on it (launcher/plans/draining.py):
+    its instance is marked Unhealthy, and its Auto Scaling group terminates and replaces it, as the local keeper
+    replaces a rehearsal node. Its id and region come from IMDSv2 (a session token first: "PUT
+    /latest/api/token", then "X-aws-ec2-metadata-token" on each request; EC2 User Guide, "Use the Instance Metadata
+    Service to access instance metadata", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html);
+    the call is the node's instance role's (infra/compute.NodeIdentity.allow_marking_unhealthy)."""
+    import urllib.request
+
+    from launcher.plans import imds
+
+    def ask(path: str, token: str) -> str:
+        request = urllib.request.Request(f"{IMDS}/meta-data/{path}", headers={imds.TOKEN_HEADER: token})
+        with urllib.request.urlopen(request, timeout=2) as r:
+            return r.read().decode().strip()
+    try:
+        put = urllib.request.Request(f"{IMDS}/api/token", method="PUT", headers={imds.TTL_HEADER: "60"})
+        with urllib.request.urlopen(put, timeout=2) as r:
+            token = r.read().decode().strip()
+        instance_id, region = ask("instance-id", token), ask("placement/region", token)
+    except OSError as e:
+        print(f"scaletrain health: {node} is drained for replacement, but IMDS did not answer: {e}", flush=True)
+        return
+    try:
+        done = subprocess.run(draining.unhealthy_argv(paths.AWS_CLI, instance_id, region), capture_output=True,
+                              text=True, timeout=max(1.0, until - time.monotonic()))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"scaletrain health: could not mark {instance_id} Unhealthy: {e}", flush=True)
+        return
+    print(f"scaletrain health: {node} ({instance_id}) is drained for replacement; "
+          + ("marked Unhealthy for its Auto Scaling group" if done.returncode == 0
+             else f"marking it Unhealthy failed: {(done.stderr or done.stdout).strip()[-300:]}"), flush=True)
+
+
 def main(args: list[str] | None = None) -> int:
     started = time.monotonic()
     p = argparse.ArgumentParser(prog="python -m launcher.doctor.health")
@@ -277,8 +314,11 @@ def main(args: list[str] | None = None) -> int:
     if not failed:
         shown = scontrol(["--oneliner", "show", "node", node], min(time.monotonic() + scontrol_s,
                                                                   started + a.deadline))
-        if slurm.health_restored(slurm.fields(shown.strip())):  # it drained itself, and is well again
+        record = slurm.fields(shown.strip())
+        if slurm.health_restored(record):  # it drained itself, and is well again
             scontrol(["update", f"NodeName={node}", "State=RESUME"], started + a.deadline)
+        elif a.backend == "aws" and draining.to_replace({node: record}):  # a straggler, a short link: replaced
+            mark_unhealthy(node, started + a.deadline)
         return 0
     reason = slurm.drain_reason(failed)
     print(reason, flush=True)

@@ -102,6 +102,17 @@ def wait_for_checkpoint_s(since_checkpoint_s: float, ratio: float) -> float:
     return since_checkpoint_s / ratio
 
 
+def unhealthy_argv(aws_cli: str, instance_id: str, region: str) -> list[str]:
+    """The AWS CLI call with which a drained node has its own instance replaced: "Set the health status of an
+    instance ... Set to Unhealthy to have the instance be out of service. Amazon EC2 Auto Scaling terminates and
+    replaces the unhealthy instance" (EC2 Auto Scaling API Reference, SetInstanceHealth,
+    https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_SetInstanceHealth.html; the user guide's "Set up a
+    custom health check for your Auto Scaling group"). ShouldRespectGracePeriod false: a node the node check drains
+    right after it boots is inside the group's grace period, and the call would otherwise be ignored."""
+    return [aws_cli, "autoscaling", "set-instance-health", "--instance-id", instance_id, "--health-status",
+            "Unhealthy", "--no-should-respect-grace-period", "--region", region]
+
+
 def to_replace(records: Mapping[str, Mapping[str, str]], replaced: Mapping[str, str] | None = None) -> list[str]:
     """The nodes a replacement must stand in for, from `scontrol show node` records (name -> fields): drained with
     one of REPLACED's reasons, and no job left on them. ``replaced``: node -> the SlurmdStartTime of the instance
