@@ -35,6 +35,14 @@ def test_drain_needs_a_restart_to_spend_warn_does_not():
     assert draining.restarts_problem("warn", 0) is None
 
 
+def test_drain_on_a_run_without_slurm_is_one_line_warn_is_not():
+    assert draining.slurm_problem("warn", "mpirun would run from here") is None
+    assert draining.slurm_problem("drain", "mpirun would run from here") == (
+        "--on-straggler drain is the job's step's (Slurm drains the node and requeues the job), and mpirun would run "
+        "from here; leave it out or use a cluster with a head node (`launch local up --slurm`, or a stack with shared "
+        "storage)")
+
+
 def test_the_reason_says_node_how_much_phase_and_since_when():
     assert draining.reason(named()) == ("scaletrain straggler: node2 2.1x slower than the other nodes in forward "
                                         "(compute) since step 40")

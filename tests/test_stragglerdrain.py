@@ -209,3 +209,19 @@ def test_a_drained_aws_node_has_its_own_instance_marked_unhealthy(tmp_path, monk
         "autoscaling", "set-instance-health", "--instance-id", "i-0abc", "--health-status", "Unhealthy",
         "--no-should-respect-grace-period", "--region", "eu-west-1"]
     assert "node1 (i-0abc) is drained for replacement; marked Unhealthy" in capsys.readouterr().out
+
+
+def test_drain_on_a_run_from_this_machine_is_refused_with_one_line():
+    """A cluster without a head node that answers runs mpirun from the launcher: no job's step to drain and requeue."""
+    import types
+
+    from launcher.cli.train import _checked, _on_local
+    from launcher.errors import LaunchError
+
+    kw = dict(nodes=None, data=None, model="resnet18", image_size=32, epochs=2, batch_per_gpu=2, warmup_epochs=None,
+              workers=None, engine="ddp", reducers=0, out=None, output=None, resume=False, teardown=False,
+              region=None, profile=None, ready_timeout=0, probe_interval=15, probe_misses=4, stall_timeout=0,
+              max_restarts=1, checkpoint_to=None)
+    with pytest.raises(LaunchError, match=r"^--on-straggler drain is the job's step's .* and cluster 'local' has no "
+                                          r"head node that answers; leave it out"):
+        _on_local(types.SimpleNamespace(name="local"), _checked(None, **kw, on_straggler="drain"))

@@ -218,6 +218,8 @@ def _checked(trainer_args: list[str] | None, *, nodes: int | None, data: str | N
 def _on_local(c: clusters.Cluster, o: _Options) -> None:
     """A local cluster without a head node that answers: mpirun runs from here, torn down after when asked."""
     budgetcli.needs_slurm(o.max_cost, f"cluster '{c.name}' has no head node that answers: mpirun would run from here")
+    if problem := draining.slurm_problem(o.on_straggler, f"cluster '{c.name}' has no head node that answers"):
+        raise LaunchError(problem)
     try:
         if c.shares_launcher_fs:  # loopback nodes see this machine's paths
             _followed(c, o, run.local_output(o.output, o.stamp),
@@ -331,6 +333,8 @@ def _on_aws(c: clusters.Cluster | None, stack: str, cluster: str | None, o: _Opt
         staged = awsrun.stage_data(found, chosen, o.data) if o.data else ""
         if not path.slurm:
             budgetcli.needs_slurm(o.max_cost, f"stack '{stack}' runs mpirun from here (no shared storage)")
+            if problem := draining.slurm_problem(o.on_straggler, f"stack '{stack}' runs mpirun from here"):
+                raise LaunchError(problem)
             _followed(found, o, o.output or f"{awsrun.shared_root(found) or chosen[0].workdir}/runs/{o.stamp}",
                       staged, replaced)
             return

@@ -62,6 +62,16 @@ def restarts_problem(policy: str, max_restarts: int) -> str | None:
     return None
 
 
+def slurm_problem(policy: str, why: str) -> str | None:
+    """The one line for --on-straggler drain on a run with no job's step to drain and requeue (mpirun from the
+    launcher's machine): ``why`` says which run that is."""
+    if policy != "drain":
+        return None
+    return (f"--on-straggler drain is the job's step's (Slurm drains the node and requeues the job), and {why}; "
+            f"leave it out or use a cluster with a head node (`launch local up --slurm`, or a stack with shared "
+            f"storage)")
+
+
 def reason(s: Straggler) -> str:
     """What the node is drained with: the node, by how much, the phase, since which step."""
     text = (f"{REASON_PREFIX}{s.node} {s.ratio:.1f}x slower than the other nodes in "
