@@ -91,3 +91,114 @@ def test_the_nodes_kind_from_its_health_check_script():
 def test_pair_figure_in_bits_per_second():
     assert Pair("a", "b", 1_000_000, 2.0).bps == 4e6 and Pair("a", "b", 5, 0).bps == 0.0
     assert Expectation(1e9, "x").floor_bps == BUSBW_FLOOR_FRACTION * 1e9
+
+
+# --- GPU nodes: all_reduce_perf across each node's own GPUs ---------------------------------------------------------
+
+def one_node_output(busbw: float, wrong: int = 0) -> str:
+    """all_reduce_perf -b 512M -e 512M -g 8 on one node, as nccl-tests prints it (one process, eight GPUs)."""
+    algbw = busbw / (2 * 7 / 8)
+    return "\n".join([
+        "# nThread 1 nGpus 8 minBytes 536870912 maxBytes 536870912 step: 1048576(bytes) warmup iters: 5 iters: 20 "
+        "agg iters: 1 validation: 1 graph: 0",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
+        "busbw #wrong",
+        f"   536870912     134217728     float     sum      -1   2310.5  {algbw:6.2f}  {busbw:6.2f}      0   2305.1  "
+        f"{algbw:6.2f}  {busbw:6.2f}      0",
+        f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}",
+        f"# Avg bus bandwidth    : {busbw:.4f}", "#", ""])
+
+
+P4D = nodecheck.gpu_expectation("p4d.24xlarge", 8, 600.0)
+
+
+def test_gpu_nodes_expect_one_direction_of_their_nvlink_and_pcie_or_one_gpu_is_not_judged():
+    from infra import catalog
+
+    assert (P4D.expected_gbs, P4D.floor_gbs, P4D.gpus) == (300.0, 300.0 * BUSBW_FLOOR_FRACTION, 8)
+
+    def of(name):
+        t = catalog.get(name)
+        return nodecheck.gpu_expectation(name, t.gpus, t.gpu_interconnect_gbps)
+    assert of("p3.16xlarge").expected_gbs == 150.0 and of("p5.48xlarge").expected_gbs == 450.0
+    assert of("p3.2xlarge") is None            # one GPU: nothing to reduce
+    assert of("g5.48xlarge") is None           # PCIe: the host's topology decides, the catalog does not say
+    assert nodecheck.gpu_expectation("x", 8, nodecheck.NVLINK_MIN_GBPS - 1) is None
+    assert nodecheck.gpu_expectation("x", 8, nodecheck.NVLINK_MIN_GBPS) is not None
+
+
+def test_a_gpu_node_runs_one_all_reduce_perf_over_all_its_gpus():
+    argv = nodecheck.gpu_command("/opt/nccl-tests/build/all_reduce_perf", 8)
+    assert argv == ["/opt/nccl-tests/build/all_reduce_perf", "-b", "536870912", "-e", "536870912", "-g", "8",
+                    "-n", "20", "-w", "5", "-c", "1"]
+
+
+def test_a_gpu_nodes_figure_is_its_largest_messages_bus_bandwidth_and_wrong_values_give_none():
+    assert nodecheck.gpu_figure(0, one_node_output(231.5)) == (231.5, "")
+    busbw, why = nodecheck.gpu_figure(0, one_node_output(231.5, wrong=3))
+    assert busbw is None and why == "3 wrong values in its results"
+    busbw, why = nodecheck.gpu_figure(1, "NCCL failure common.cu:1007 'unhandled cuda error'\n")
+    assert busbw is None and why == "all_reduce_perf exit 1: NCCL failure common.cu:1007 'unhandled cuda error'"
+
+
+def test_a_gpu_node_just_below_the_floor_is_refused_and_one_at_it_passes():
+    floor = P4D.floor_gbs
+    v = nodecheck.decide_gpus(["a", "b", "c"], {"a": (floor, ""), "b": (floor - 0.1, ""), "c": (231.0, "")}, P4D)
+    assert [s.node for s in v.short] == ["b"]
+    assert v.short[0].reason() == (f"{nodecheck.REASON_PREFIX}all_reduce_perf across its 8 GPUs {floor - 0.1:.1f} "
+                                   f"GB/s, below {floor:.0f} GB/s ({BUSBW_FLOOR_FRACTION:g} of p4d.24xlarge's 300 "
+                                   "GB/s NVLink)")
+    assert "node check: b refused: all_reduce_perf across its 8 GPUs" in "\n".join(v.lines)
+
+
+def test_a_gpu_node_whose_test_failed_is_refused_with_why_and_one_that_said_nothing_is_not():
+    v = nodecheck.decide_gpus(["a", "b", "c"], {"a": (None, "all_reduce_perf exit 1: boom"), "b": (231.0, "")}, P4D)
+    assert [s.node for s in v.short] == ["a"] and "no figure (all_reduce_perf exit 1: boom)" in v.short[0].reason()
+    assert "node check: c: all_reduce_perf across its GPUs said nothing" in v.lines
+
+
+def test_every_gpu_node_short_drains_none():
+    v = nodecheck.decide_gpus(["a", "b"], {"a": (20.0, ""), "b": (None, "exit 1")}, P4D)
+    assert v.short == [] and "not one node's fault; none is drained" in v.lines[-1]
+
+
+def test_one_gpu_nodes_task_runs_all_reduce_perf_and_says_its_figure(tmp_path, monkeypatch, capsys):
+    """launcher/execute/nodecheck.measure_gpus, the task srun starts on each node, with an all_reduce_perf that
+    prints what nccl-tests prints and checks the arguments it was given."""
+    import json
+
+    from ami import paths
+    from launcher.execute import nodecheck as run
+
+    (tmp_path / "all_reduce_perf").write_text(
+        "#!/bin/sh\n"
+        '[ "$*" = "-b 536870912 -e 536870912 -g 4 -n 20 -w 5 -c 1" ] || { echo "bad args: $*"; exit 3; }\n'
+        f"cat <<'EOF'\n{one_node_output(140.25)}EOF\n")
+    (tmp_path / "all_reduce_perf").chmod(0o755)
+    monkeypatch.setattr(paths, "NCCL_TESTS", str(tmp_path))
+    monkeypatch.setenv("SLURMD_NODENAME", "queue-dy-p4d-1")
+    assert run.measure_gpus(4) == 0
+    assert json.loads(capsys.readouterr().out) == {"node": "queue-dy-p4d-1", "busbw": 140.25, "why": ""}
+    (tmp_path / "all_reduce_perf").unlink()
+    assert run.measure_gpus(4) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["busbw"] is None and "FileNotFoundError" in said["why"]
+
+
+def test_the_jobs_step_drains_a_short_gpu_node_once_even_when_the_ring_names_it_too(monkeypatch):
+    from launcher.execute import nodecheck as run
+
+    drained = []
+    monkeypatch.setattr(run, "gpus_expected_here", lambda: P4D)
+    monkeypatch.setattr(run, "measure_gpu_nodes", lambda hosts, gpus, job: {"a": (231.0, ""), "b": (12.0, ""),
+                                                                             "c": (229.0, "")})
+    expected = Expectation(5e9, "one TCP flow")
+    monkeypatch.setattr(run, "expected_here", lambda: expected)
+    monkeypatch.setattr(run, "measure_ring", lambda hosts, addresses, job: [
+        Pair("a", "b", 1, 1.0), Pair("b", "c", 1, 1.0), Pair("c", "a", 2**30, 1.0)])
+    monkeypatch.setattr(run.subprocess, "run", lambda argv, **kw: drained.append(argv))
+    said = []
+    short = run.refuse_short(["a", "b", "c"], {}, "7", said.append)
+    assert [s.node for s in short] == ["b"] and isinstance(short[0], nodecheck.GpuShort)
+    assert len(drained) == 1 and drained[0][:3] == ["scontrol", "update", "NodeName=b"]
+    assert any(ln.startswith("node check: b: all_reduce_perf across its 8 GPUs 12.0 GB/s") for ln in said)

@@ -1,9 +1,11 @@
 """The node check before a job's first step (launcher/plans/nodecheck.py decides): the ring of pairs measured over
 the allocation, one task per node started with srun, and a node that falls short drained.
 
-``refuse_short`` runs on the job's step; ``python -m launcher.execute.nodecheck --hosts ... --addresses ...`` is one
-node's part: it listens for its predecessor's bytes and counts them, and sends its own to its successor for
-PAIR_SECONDS or PAIR_BYTES, printing one JSON line with what the successor counted.
+``refuse_short`` runs on the job's step; ``python -m launcher.execute.nodecheck --gpus N`` is one GPU node's
+all_reduce_perf across its own GPUs (first, on GPU types with NVLink); ``python -m launcher.execute.nodecheck
+--hosts ... --addresses ...`` is one node's part of the ring: it listens for its predecessor's bytes and counts
+them, and sends its own to its successor for PAIR_SECONDS or PAIR_BYTES, printing one JSON line with what the
+successor counted.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ CHUNK = 256 * 1024
 SEND_BUFFER = 128 * 1024
 SRUN_TIMEOUT_S = 30        # srun's start on every node, the pairs' PAIR_SECONDS, the last bytes' drain
 CONNECT_WITHIN_S = 10.0    # the successor's task may start later than this one
+GPU_TIMEOUT_S = 90         # all_reduce_perf on a node: CUDA contexts and NCCL's init on every GPU, 25 messages
 HEALTH_CHECK = "/etc/slurm/healthcheck.sh"   # plans/slurm.HEALTH_CHECK: the node's own statement of its kind
 
 
@@ -105,12 +108,31 @@ def measure(argv: list[str] | None = None) -> int:
     return 0
 
 
+def measure_gpus(gpus: int) -> int:
+    """One GPU node's part (run by srun, one task per node): all_reduce_perf across its own GPUs, one JSON line."""
+    from ami import paths
+
+    me = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    argv = nodecheck.gpu_command(f"{paths.NCCL_TESTS}/all_reduce_perf", gpus)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=GPU_TIMEOUT_S)
+        busbw, why = nodecheck.gpu_figure(proc.returncode, proc.stdout + proc.stderr)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        busbw, why = None, f"{argv[0]}: {type(e).__name__}"
+    print(json.dumps({"node": me, "busbw": busbw, "why": why}), flush=True)
+    return 0
+
+
+def _types_here() -> tuple[str | None, str | None]:
+    try:
+        return nodecheck.node_kind(Path(HEALTH_CHECK).read_text())
+    except OSError:
+        return None, None
+
+
 def expected_here() -> nodecheck.Expectation | None:
     """What a pair should reach on this cluster's nodes, from the node's health check script and the catalog."""
-    try:
-        backend, instance_type = nodecheck.node_kind(Path(HEALTH_CHECK).read_text())
-    except OSError:
-        return None
+    backend, instance_type = _types_here()
     gbps = None
     if backend == "aws" and instance_type:
         from infra import catalog
@@ -118,6 +140,35 @@ def expected_here() -> nodecheck.Expectation | None:
         with contextlib.suppress(KeyError, ValueError):
             gbps = catalog.get(instance_type).network_gbps
     return nodecheck.expectation(backend, gbps, instance_type)
+
+
+def gpus_expected_here() -> nodecheck.GpuExpectation | None:
+    """What all_reduce_perf across one node's GPUs should reach on this cluster's nodes (AWS GPU types only)."""
+    backend, instance_type = _types_here()
+    if backend != "aws" or not instance_type:
+        return None
+    from infra import catalog
+
+    try:
+        t = catalog.get(instance_type)
+    except (KeyError, ValueError):
+        return None
+    return nodecheck.gpu_expectation(instance_type, t.gpus, t.gpu_interconnect_gbps)
+
+
+def measure_gpu_nodes(hosts: list[str], gpus: int, job_id: str) -> dict[str, tuple[float | None, str]]:
+    argv = ["srun", "--overlap", f"--jobid={job_id}", f"-N{len(hosts)}", f"-n{len(hosts)}", "--ntasks-per-node=1",
+            f"--nodelist={','.join(hosts)}", sys.executable, "-m", "launcher.execute.nodecheck", "--gpus", str(gpus)]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=GPU_TIMEOUT_S + SRUN_TIMEOUT_S).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out = e.stdout.decode() if isinstance(e, subprocess.TimeoutExpired) and isinstance(e.stdout, bytes) else ""
+    figures: dict[str, tuple[float | None, str]] = {}
+    for line in out.splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            d = json.loads(line)
+            figures[str(d["node"])] = (float(d["busbw"]) if d["busbw"] is not None else None, str(d["why"]))
+    return figures
 
 
 def measure_ring(hosts: list[str], addresses: dict[str, str], job_id: str) -> list[nodecheck.Pair]:
@@ -138,23 +189,35 @@ def measure_ring(hosts: list[str], addresses: dict[str, str], job_id: str) -> li
 
 
 def refuse_short(hosts: list[str], addresses: dict[str, str], job_id: str,
-                 say: Callable[[str], None]) -> list[nodecheck.Short]:
-    """Measure, decide, say, and drain every node that falls short; the nodes drained."""
+                 say: Callable[[str], None]) -> list:
+    """Measure, decide, say, and drain every node that falls short; the nodes drained (nodecheck.Short for the
+    ring, nodecheck.GpuShort for a node's GPUs; one per node)."""
+    started = time.monotonic()
+    shorts: list = []
+    gpus = gpus_expected_here()
+    if gpus is not None:  # first, alone: the ring's TCP flows would share the node's CPUs with NCCL's start
+        verdict = nodecheck.decide_gpus(hosts, measure_gpu_nodes(hosts, gpus.gpus, job_id), gpus)
+        for line in verdict.lines:
+            say(line)
+        shorts += verdict.short
     expected = expected_here()
     if expected is None or len(hosts) < 2:
-        say("node check: skipped (" + ("one node" if len(hosts) < 2 else f"no node type in {HEALTH_CHECK}") + ")")
-        return []
-    started = time.monotonic()
-    verdict = nodecheck.decide(hosts, measure_ring(hosts, addresses, job_id), expected)
-    for line in verdict.lines:
-        say(line)
+        say("node check: ring skipped (" + ("one node" if len(hosts) < 2 else f"no node type in {HEALTH_CHECK}")
+            + ")")
+    else:
+        verdict = nodecheck.decide(hosts, measure_ring(hosts, addresses, job_id), expected)
+        for line in verdict.lines:
+            say(line)
+        shorts += [s for s in verdict.short if s.node not in {g.node for g in shorts}]
     say(f"node check: {time.monotonic() - started:.1f} s")
-    for short in verdict.short:
+    for short in shorts:
         # scontrol(1): "State=DRAIN ... Reason=<reason>" (https://slurm.schedmd.com/scontrol.html#OPT_Reason)
         subprocess.run(["scontrol", "update", f"NodeName={short.node}", "State=DRAIN", f"Reason={short.reason()}"],
                        capture_output=True)
-    return verdict.short
+    return shorts
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--gpus"] and len(sys.argv) == 3 and sys.argv[2].isdigit():
+        sys.exit(measure_gpus(int(sys.argv[2])))
     sys.exit(measure())

@@ -27,6 +27,21 @@ buffer). On 8 p4d.24xlarge (an estimate, not measured): the eight pairs run at o
 single-flow limit, 0.11 s, so the time is srun's start on 8 nodes and an interpreter's on each, about 1-2 s; a slow
 node bounds it at PAIR_SECONDS plus that, under 5 s.
 
+GPU nodes also run nccl-tests' all_reduce_perf across their own GPUs, each node alone and all at once, before the
+ring (gpu_command, decide_gpus): one process drives every GPU of the node (nccl-tests README, "-g,--ngpus <GPUs per
+thread>"), one 512 MiB message, its out-of-place bus bandwidth at the largest size as `launch doctor` reads it, and
+"-c 1" checks the results. "The bus bandwidth should reflect the speed of the hardware bottleneck: NVLink, PCI,
+QPI, or network" (NVIDIA nccl-tests, doc/PERFORMANCE.md): NVLink inside a node. The catalog's per-GPU NVLink figure
+is bidirectional, so the most a node's bus bandwidth can be is half of it, one direction's (8 x A100 NVLink3: 300
+GB/s), and a node falls short below BUSBW_FLOOR_FRACTION of that, as the doctor judges the network: a GPU whose
+NVLink trained down, a GPU off the bus, or NCCL falling back to PCIe through the host (32 GB/s a direction at Gen4)
+land far below. What healthy nodes of each type reach is not measured in this project yet; record it when a GPU
+cluster runs the check (the job's output says each node's figure). Only NVLink types are judged
+(NVLINK_MIN_GBPS): between PCIe GPUs the figure depends on the host's PCIe topology, which the catalog does not
+hold (g5.48xlarge), and a one-GPU node has nothing to reduce. It adds an all_reduce_perf start (CUDA contexts on
+every GPU, NCCL's init: a few seconds) and 25 messages of 512 MiB (0.1 s at 230 GB/s) to a GPU job's start; not
+measured on a GPU cluster yet.
+
 A node that falls short is drained with REASON_PREFIX and its figures (scontrol(1): "State=DRAIN ... Reason=<reason>"
 "Identify the reason the node is in a DOWN, DRAINED, DRAINING, FAILING or FAIL state", SchedMD,
 https://slurm.schedmd.com/scontrol.html#OPT_Reason); the prefix is not the health check's (plans/slurm.DRAIN_PREFIX),
@@ -46,6 +61,9 @@ PAIR_SECONDS = 2.0                    # each pair sends for at most this long ..
 PAIR_BYTES = 64 * 2**20               # ... or this much: 0.1 s at AWS's 5 Gbps single flow
 SINGLE_FLOW_BPS = 5e9                 # AWS's single-flow limit outside a cluster placement group (above)
 LOCAL_EXPECTED_BPS = 1e9              # the rehearsal nodes' veth: this project's figure (above)
+GPU_BYTES = 512 * 2**20               # all_reduce_perf's one message on GPU nodes (above)
+GPU_ITERS, GPU_WARMUP = 20, 5
+NVLINK_MIN_GBPS = 300.0               # catalog gpu_interconnect_gbps from which a type's GPUs are NVLink-connected
 REASON_PREFIX = "scaletrain nodecheck: "
 REASON_LIMIT = 200                    # as plans/slurm.REASON_LIMIT: short enough for sinfo -R
 
@@ -87,7 +105,7 @@ class Short:
 
 @dataclass(frozen=True)
 class Verdict:
-    short: list[Short]     # the nodes to drain
+    short: list         # the nodes to drain (Short, GpuShort)
     lines: list[str]       # what the job's step says
 
 
@@ -161,4 +179,88 @@ def decide(hosts: list[str], pairs: list[Pair], expected: Expectation) -> Verdic
     if not short:
         lines.append(f"node check: every node at least {mbit(floor)} ({BUSBW_FLOOR_FRACTION:g} of "
                      f"{mbit(expected.expected_bps)})")
+    return Verdict(short, lines)
+
+
+# --- GPU nodes: all_reduce_perf across each node's own GPUs -------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuExpectation:
+    expected_gbs: float    # bus bandwidth, GB/s
+    gpus: int
+    instance_type: str
+
+    @property
+    def floor_gbs(self) -> float:
+        return BUSBW_FLOOR_FRACTION * self.expected_gbs
+
+
+@dataclass(frozen=True)
+class GpuShort:
+    node: str
+    measured_gbs: float | None   # None: all_reduce_perf failed or gave no figure
+    expected: GpuExpectation
+    why: str = ""
+
+    def reason(self) -> str:
+        e = self.expected
+        got = (f"{self.measured_gbs:.1f} GB/s" if self.measured_gbs is not None
+               else f"no figure ({self.why})" if self.why else "no figure")
+        text = (f"{REASON_PREFIX}all_reduce_perf across its {e.gpus} GPUs {got}, below {e.floor_gbs:.0f} GB/s "
+                f"({BUSBW_FLOOR_FRACTION:g} of {e.instance_type}'s {e.expected_gbs:.0f} GB/s NVLink)")
+        return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 3] + "..."
+
+
+def gpu_expectation(instance_type: str | None, gpus: int, interconnect_gbps: float) -> GpuExpectation | None:
+    """What all_reduce_perf across one node's GPUs should reach (one direction of the catalog's bidirectional
+    per-GPU NVLink figure); None for a node with one GPU, or PCIe-connected GPUs (not judged: above)."""
+    if not instance_type or gpus < 2 or interconnect_gbps < NVLINK_MIN_GBPS:
+        return None
+    return GpuExpectation(interconnect_gbps / 2, gpus, instance_type)
+
+
+def gpu_command(all_reduce_perf: str, gpus: int) -> list[str]:
+    """One node's all_reduce_perf over all its GPUs, one process (nccl-tests README: -b/-e sizes, -g GPUs per
+    thread, -n iterations, -w warm-up iterations, -c check the results)."""
+    return [all_reduce_perf, "-b", str(GPU_BYTES), "-e", str(GPU_BYTES), "-g", str(gpus), "-n", str(GPU_ITERS),
+            "-w", str(GPU_WARMUP), "-c", "1"]
+
+
+def gpu_figure(rc: int, output: str) -> tuple[float | None, str]:
+    """(bus bandwidth GB/s at the largest size, why there is none) from one node's all_reduce_perf."""
+    import re
+
+    from launcher.doctor.busbw import parse_largest_busbw
+
+    wrong = re.search(r"Out of bounds values\s*:\s*(\d+)", output)
+    if wrong and int(wrong.group(1)) != 0:
+        return None, f"{wrong.group(1)} wrong values in its results"
+    largest = parse_largest_busbw(output)
+    if rc != 0 or largest is None:
+        last = [ln.strip() for ln in output.splitlines() if ln.strip()][-1:] or [f"exit {rc}"]
+        return None, f"all_reduce_perf exit {rc}: {last[0][:80]}"
+    return largest[1], ""
+
+
+def decide_gpus(hosts: list[str], figures: dict[str, tuple[float | None, str]], expected: GpuExpectation
+                ) -> Verdict:
+    """Which GPU nodes to drain: those below the floor or with no figure. Every node short is not one node's fault
+    (the image's NCCL, the expectation): none is drained then, as with the ring. A node that said nothing (its task
+    never ran) is not drained either: the ring and the health check judge a node that does not answer."""
+    lines, short = [], []
+    for h in hosts:
+        if h not in figures:
+            lines.append(f"node check: {h}: all_reduce_perf across its GPUs said nothing")
+            continue
+        gbs, why = figures[h]
+        lines.append(f"node check: {h}: all_reduce_perf across its {expected.gpus} GPUs "
+                     + (f"{gbs:.1f} GB/s" if gbs is not None else f"failed: {why}"))
+        if gbs is None or gbs < expected.floor_gbs:
+            short.append(GpuShort(h, gbs, expected, why))
+    if short and len(short) == len([h for h in hosts if h in figures]):
+        lines.append(f"node check: every node's GPUs are below {expected.floor_gbs:.0f} GB/s: not one node's "
+                     "fault; none is drained")
+        return Verdict([], lines)
+    for s in short:
+        lines.append(f"node check: {s.node} refused: {s.reason().removeprefix(REASON_PREFIX)}")
     return Verdict(short, lines)
