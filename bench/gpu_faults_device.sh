@@ -21,10 +21,10 @@ echo "bench/progress.py: exit $?"
 python3 bench/checkpoint_stall.py --device cuda --rounds 2 --saves 3 2>&1 | tee "$out/checkpoint.log"
 echo "bench/checkpoint_stall.py: exit $?"
 timeout "${1:-240}" python3 -m pytest -q -p no:cacheprovider --noconftest -rs -x \
-    tests/test_gpu.py -k "phase_on_the_gpu or checkpoint_copy_is_pinned or doctors_torch_probe" 2>&1 \
+    tests/test_gpu.py -k "phase_on_the_gpu or checkpoint_copy_is_pinned or doctors_torch_probe or flight_recorder" 2>&1 \
     | tee "$out/tests_new.log" | tail -15
 echo "new tests: exit $?"
 timeout "${1:-240}" python3 -m pytest -q -p no:cacheprovider --noconftest -rs tests/test_gpu.py \
-    -k "not phase_on_the_gpu and not checkpoint_copy_is_pinned and not doctors_torch_probe" 2>&1 \
+    -k "not phase_on_the_gpu and not checkpoint_copy_is_pinned and not doctors_torch_probe and not flight_recorder" 2>&1 \
     | tee "$out/tests.log" | tail -15
 echo "tests: exit $?"

@@ -15,7 +15,7 @@ from ami import paths
 from ami.render import image_env, load_versions
 from infra import catalog
 from launcher.execute import remote, run
-from launcher.plans import efa
+from launcher.plans import efa, flightrec
 from launcher.plans.efa import SoftwareVersions
 
 DATA = Path(__file__).parent / "data" / "efa-versions"
@@ -120,14 +120,14 @@ def test_launch_train_reads_the_versions_on_node0_when_the_image_has_no_tags(unt
     monkeypatch.setattr(remote, "check", check)
     env, mca = run.fabric_settings(untagged_p4d, untagged_p4d.workers[0])
     assert asked == [("node0", efa.VERSION_PROBE)]
-    assert env == {"FI_EFA_USE_HUGE_PAGE": "0"} and ("btl", "tcp,self") in mca
+    assert env == {"FI_EFA_USE_HUGE_PAGE": "0", **flightrec.ENV} and ("btl", "tcp,self") in mca
     assert "aws-ofi-nccl 1.14.0, libfabric 2.1.0amzn5.0" in capsys.readouterr().out
 
 
 def test_nothing_readable_is_current_software_and_a_warning(untagged_p4d, monkeypatch, capsys):
     monkeypatch.setattr(remote, "check", lambda *a, **kw: (0, CASES["nothing readable"]))
     env, _ = run.fabric_settings(untagged_p4d, untagged_p4d.workers[0])
-    assert env == {"FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_USE_HUGE_PAGE": "0"}
+    assert env == {"FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_USE_HUGE_PAGE": "0", **flightrec.ENV}
     err = capsys.readouterr().err
     assert err.startswith("warning: the image has no scaletrain:* tags and node0 shows no aws-ofi-nccl or "
                           "libfabric version; using the EFA settings for current software") and err.count("\n") == 1
@@ -138,10 +138,11 @@ def test_tagged_images_and_tcp_clusters_ask_the_node_nothing(monkeypatch):
 
     monkeypatch.setattr(remote, "check", lambda *a, **kw: pytest.fail("asked the node"))
     tagged = cluster("p4d.24xlarge")
-    assert run.fabric_settings(tagged, tagged.workers[0])[0] == {"FI_EFA_USE_HUGE_PAGE": "0"}
+    assert run.fabric_settings(tagged, tagged.workers[0])[0] == {"FI_EFA_USE_HUGE_PAGE": "0", **flightrec.ENV}
     tcp = cluster("p4d.24xlarge", efa=False)
     tcp = tcp.model_copy(update={"aws": tcp.aws.model_copy(update={"software": {}})})
-    assert run.fabric_settings(tcp, tcp.workers[0]) == ({}, [])
+    # no EFA: no fabric settings, but the GPU ranks still keep NCCL's flight recorder (launcher/plans/flightrec.py)
+    assert run.fabric_settings(tcp, tcp.workers[0]) == (flightrec.ENV, [])
 
 
 # --- Which types get GPUDirect RDMA's setting, at the family boundary (issue 37 item 10) ----------------------------

@@ -310,3 +310,44 @@ def test_the_doctors_torch_probe_passes_on_this_gpu_and_names_a_capability_its_b
         got = check_torch_arch(probe, [t.compute_capability], what=t.name)
         cc = f"{t.compute_capability[0]}.{t.compute_capability[1]}"
         assert got.status == "fail" and f"no kernels for compute capability {cc}" in got.detail, got
+
+
+NCCL_RANK = r"""
+import os, torch, torch.distributed as dist
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+x = torch.ones(1024, device="cuda")
+for _ in range(3):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+print("ready", flush=True)
+import time
+time.sleep(120)
+"""
+
+
+def test_a_gpu_ranks_flight_recorder_is_dumped_through_its_pipe_and_summarised(tmp_path):
+    """launcher/plans/flightrec.py's settings on a real NCCL process group: the watchdog makes the pipe, a write to it
+    (launcher/execute/stacks.poke_recorder, as the job's step does for a stalled run) dumps the recorder, and the
+    summary names the newest collective."""
+    from launcher.execute import stacks
+    from launcher.plans import flightrec
+
+    stem = str(tmp_path / "fr-rank")
+    env = {**single_rank_env(), **flightrec.ENV, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem,
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": stem}
+    proc = subprocess.Popen([sys.executable, "-c", NCCL_RANK], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        import time
+
+        deadline = time.monotonic() + 30
+        while not os.path.exists(flightrec.pipe_path(stem, 0)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the watchdog's monitor thread makes the pipe
+        poked = stacks.poke_recorder(proc.pid, 0)
+        assert poked is not None, os.listdir(tmp_path)
+        said = stacks.recorder_dump(poked, time.monotonic() + 30)
+        assert said is not None and said.startswith("NCCL: nccl:all_reduce #") and said.endswith("completed"), said
+    finally:
+        proc.kill()
+        proc.wait()

@@ -201,7 +201,15 @@ class Watchdog:
 def fabric_settings(cluster: Cluster, first: Node) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """launcher.plans.efa's env and MPI settings for a run: the image's versions from its tags, else read on the first
     node (efa.VERSION_PROBE: an AMI copied to another region or account has no tags); what nobody could read counts as
-    current software, and a warning says so."""
+    current software, and a warning says so. GPU workers also keep NCCL's flight recorder
+    (launcher/plans/flightrec.py), for a stalled run's summary."""
+    from launcher.plans import flightrec
+
+    env, mca = _fabric(cluster, first)
+    return env | flightrec.for_cluster(cluster), mca
+
+
+def _fabric(cluster: Cluster, first: Node) -> tuple[dict[str, str], list[tuple[str, str]]]:
     if not efa.uses_efa(cluster):
         return {}, []
     versions = efa.versions_of(cluster.aws.software if cluster.aws else {})

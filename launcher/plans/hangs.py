@@ -79,6 +79,7 @@ class Rank:
     node: str
     dump: str | None              # py-spy's output; None when it could not be taken
     step: int | None              # its last recorded step
+    nccl: str | None = None       # its NCCL flight recorder's newest collective (flightrec.summary), GPU ranks
 
 
 def summary(ranks: Mapping[int, Rank]) -> list[str]:
@@ -86,6 +87,8 @@ def summary(ranks: Mapping[int, Rank]) -> list[str]:
     groups: dict[tuple[int, str], list[Rank]] = {}
     for r in ranks.values():
         at = where(main_thread(r.dump)) if r.dump is not None else "no stack (the node or its ranks did not answer)"
+        if r.nccl:  # ranks at different collectives are in different places, whatever their stacks say
+            at = f"{at}; {r.nccl}"
         groups.setdefault((-1 if r.step is None else r.step, at), []).append(r)
     lines = []
     for (step, at), members in sorted(groups.items(), key=lambda kv: (kv[0][0], min(m.rank for m in kv[1]))):
