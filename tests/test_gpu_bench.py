@@ -121,7 +121,11 @@ def test_compile_trains_as_eager_and_its_checkpoint_resumes_without_it(tmp_path)
 
 def test_gpu_tests_collect_and_say_why_they_skip_without_cuda():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_gpu.py"],
-                          capture_output=True, text=True, cwd=ROOT, env=cpu_env(), timeout=300)
+                          capture_output=True, text=True, cwd=ROOT, env=cpu_env(), timeout=300,
+                          # a session of its own: the inner run's machine check counts the processes of its session
+                          # started meanwhile as its own, and the other xdist worker's are in the outer one's (a
+                          # fresh clone flagged a concurrent `launch run`, 2026-11-28, as test_zzz's did before)
+                          start_new_session=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert re.search(r"\b\d+ skipped\b", proc.stdout) and "passed" not in proc.stdout and "error" not in proc.stdout
     assert "needs an NVIDIA GPU (torch.cuda.is_available() is False)" in proc.stdout
