@@ -13,7 +13,7 @@ it says into the run directory. The tutorial asks PyTorch 2.5 or later (the imag
 newer releases read the same values under new names too (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE), and the
 old ones, set here, still.
 
-The watchdog removes a pipe left by an earlier job and makes it again, and fails the rank where it cannot
+The watchdog removes a pipe left by an earlier job and makes it again, and can fail the rank where it cannot
 (DumpPipe's TORCH_CHECKs): the stem is the same for every job, which holds while a cluster's jobs run as one user
 (its Slurm user, as here); a cluster shared by several users would need a stem per user.
 
