@@ -51,9 +51,9 @@ def test_the_reason_says_node_how_much_phase_and_since_when():
 
 def test_a_reason_too_long_for_sinfo_is_cut_to_the_limit():
     long = named(node="n" * 300)
-    assert len(draining.reason(long)) == draining.REASON_LIMIT and draining.reason(long).endswith("...")
-    fits = named(node="n" * (draining.REASON_LIMIT - len(draining.reason(named(node="")))))
-    assert len(draining.reason(fits)) == draining.REASON_LIMIT and not draining.reason(fits).endswith("...")
+    assert len(draining.reason(long)) == slurm.REASON_LIMIT and draining.reason(long).endswith("...")
+    fits = named(node="n" * (slurm.REASON_LIMIT - len(draining.reason(named(node="")))))
+    assert len(draining.reason(fits)) == slurm.REASON_LIMIT and not draining.reason(fits).endswith("...")
 
 
 def test_warn_names_and_drains_nothing():

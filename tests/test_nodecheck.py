@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.doctor.checks import BUSBW_FLOOR_FRACTION
-from launcher.plans import nodecheck
+from launcher.plans import nodecheck, slurm
 from launcher.plans.nodecheck import Expectation, Pair
 
 HOSTS = ["node0", "node1", "node2"]
@@ -39,7 +39,7 @@ def test_a_node_just_below_the_floor_is_refused_with_its_figure_and_the_expected
         in v.lines
     reason = v.short[0].reason()
     assert reason.startswith(nodecheck.REASON_PREFIX) and "500.0 Mbit/s" in reason and "1.00 Gbit/s" in reason
-    assert len(reason) <= nodecheck.REASON_LIMIT
+    assert len(reason) <= slurm.REASON_LIMIT
 
 
 def test_a_node_at_the_floor_passes():

@@ -14,7 +14,7 @@ Loops. A drained-and-requeued job must not drain the whole cluster:
 
 The reason. Slurm keeps it with the node and `sinfo -R` shows it: "Reason=<reason> Identify the reason the node is in
 a DOWN, DRAINED, DRAINING, FAILING or FAIL state" (scontrol(1), SchedMD,
-https://slurm.schedmd.com/scontrol.html#OPT_Reason); REASON_LIMIT keeps it to a line, as plans/slurm.REASON_LIMIT.
+https://slurm.schedmd.com/scontrol.html#OPT_Reason); plans/slurm.fit_reason keeps it to a line.
 
 When to stop. A drain decided, the run still holds the work done since its newest checkpoint. Stopping at once
 repeats that work after the requeue, at the healthy pace; waiting for the next checkpoint repeats none but goes on at
@@ -36,12 +36,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.plans import nodecheck
+from launcher.plans.slurm import fit_reason
 from launcher.plans.stragglers import Straggler
 
 POLICIES = ("warn", "drain")
 DEFAULT = "warn"
 REASON_PREFIX = "scaletrain straggler: "
-REASON_LIMIT = 200
 REPLACED = (REASON_PREFIX, nodecheck.REASON_PREFIX)
 PHASE_WORDS = {"data": "waiting for data", "forward": "forward (compute)"}
 
@@ -74,9 +74,8 @@ def slurm_problem(policy: str, why: str) -> str | None:
 
 def reason(s: Straggler) -> str:
     """What the node is drained with: the node, by how much, the phase, since which step."""
-    text = (f"{REASON_PREFIX}{s.node} {s.ratio:.1f}x slower than the other nodes in "
-            f"{PHASE_WORDS.get(s.phase, s.phase)} since step {s.since_step}")
-    return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 3] + "..."
+    return fit_reason(f"{REASON_PREFIX}{s.node} {s.ratio:.1f}x slower than the other nodes in "
+                      f"{PHASE_WORDS.get(s.phase, s.phase)} since step {s.since_step}")
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ import shlex
 from dataclasses import dataclass
 
 from launcher.doctor.checks import BUSBW_FLOOR_FRACTION
+from launcher.plans.slurm import fit_reason
 
 PAIR_SECONDS = 2.0                    # each pair sends for at most this long ...
 PAIR_BYTES = 64 * 2**20               # ... or this much: 0.1 s at AWS's 5 Gbps single flow
@@ -65,7 +66,6 @@ GPU_BYTES = 512 * 2**20               # all_reduce_perf's one message on GPU nod
 GPU_ITERS, GPU_WARMUP = 20, 5
 NVLINK_MIN_GBPS = 300.0               # catalog gpu_interconnect_gbps from which a type's GPUs are NVLink-connected
 REASON_PREFIX = "scaletrain nodecheck: "
-REASON_LIMIT = 200                    # as plans/slurm.REASON_LIMIT: short enough for sinfo -R
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,9 @@ class Short:
     expected: Expectation
 
     def reason(self) -> str:
-        text = (f"{REASON_PREFIX}{mbit(self.measured_bps)} to and from its neighbours, below "
-                f"{mbit(self.expected.floor_bps)} ({BUSBW_FLOOR_FRACTION:g} of the {mbit(self.expected.expected_bps)} "
-                f"{self.expected.what})")
-        return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 3] + "..."
+        return fit_reason(f"{REASON_PREFIX}{mbit(self.measured_bps)} to and from its neighbours, below "
+                          f"{mbit(self.expected.floor_bps)} ({BUSBW_FLOOR_FRACTION:g} of the "
+                          f"{mbit(self.expected.expected_bps)} {self.expected.what})")
 
 
 @dataclass(frozen=True)
@@ -206,9 +205,9 @@ class GpuShort:
         e = self.expected
         got = (f"{self.measured_gbs:.1f} GB/s" if self.measured_gbs is not None
                else f"no figure ({self.why})" if self.why else "no figure")
-        text = (f"{REASON_PREFIX}all_reduce_perf across its {e.gpus} GPUs {got}, below {e.floor_gbs:.0f} GB/s "
-                f"({BUSBW_FLOOR_FRACTION:g} of {e.instance_type}'s {e.expected_gbs:.0f} GB/s NVLink)")
-        return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 3] + "..."
+        return fit_reason(f"{REASON_PREFIX}all_reduce_perf across its {e.gpus} GPUs {got}, below "
+                          f"{e.floor_gbs:.0f} GB/s ({BUSBW_FLOOR_FRACTION:g} of {e.instance_type}'s "
+                          f"{e.expected_gbs:.0f} GB/s NVLink)")
 
 
 def gpu_expectation(instance_type: str | None, gpus: int, interconnect_gbps: float) -> GpuExpectation | None:

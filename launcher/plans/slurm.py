@@ -163,7 +163,12 @@ def node_conf(*, role: str, cpus: int, address: str) -> str:
 HEALTH_CHECK = "/etc/slurm/healthcheck.sh"   # on every node: slurmd runs it as HealthCheckProgram
 HEALTH_CHECK_INTERVAL_S = 120
 DRAIN_PREFIX = "scaletrain health: "         # the Reason a failed health check drains a node with
-REASON_LIMIT = 200
+REASON_LIMIT = 200                           # a drain Reason's length, short enough for a line of sinfo -R
+
+
+def fit_reason(text: str) -> str:
+    """A drain Reason cut to REASON_LIMIT, ending in "..." where it was cut (every Reason scaletrain drains with)."""
+    return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 3] + "..."
 
 
 def health_check_argv(*, python: str, backend: str, mpirun: str, shared_mount: str | None = None,
@@ -188,8 +193,7 @@ def health_check_script(argv: list[str]) -> str:
 def drain_reason(failed: list[tuple[str, str]]) -> str:
     """The Reason a node drains itself with: each failed check and why, one line, short enough for sinfo -R."""
     text = DRAIN_PREFIX + "; ".join(f"{name}: {detail}" for name, detail in failed)
-    text = " ".join(text.split())
-    return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 3] + "..."
+    return fit_reason(" ".join(text.split()))
 
 
 def health_restored(node_fields: dict[str, str]) -> bool:
