@@ -156,33 +156,37 @@ def gpus_expected_here() -> nodecheck.GpuExpectation | None:
     return nodecheck.gpu_expectation(instance_type, t.gpus, t.gpu_interconnect_gbps)
 
 
-def measure_gpu_nodes(hosts: list[str], gpus: int, job_id: str) -> dict[str, tuple[float | None, str]]:
+def on_each_node(hosts: list[str], job_id: str, args: list[str], timeout_s: float) -> list[dict]:
+    """This module run once on every host of the allocation (`python -m launcher.execute.nodecheck ARGS`, one srun
+    task per node), and the JSON lines the tasks printed; what a task printed before srun's time was up counts."""
     argv = ["srun", "--overlap", f"--jobid={job_id}", f"-N{len(hosts)}", f"-n{len(hosts)}", "--ntasks-per-node=1",
-            f"--nodelist={','.join(hosts)}", sys.executable, "-m", "launcher.execute.nodecheck", "--gpus", str(gpus)]
+            f"--nodelist={','.join(hosts)}", sys.executable, "-m", "launcher.execute.nodecheck", *args]
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=GPU_TIMEOUT_S + SRUN_TIMEOUT_S).stdout
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         out = e.stdout.decode() if isinstance(e, subprocess.TimeoutExpired) and isinstance(e.stdout, bytes) else ""
-    figures: dict[str, tuple[float | None, str]] = {}
+    found = []
     for line in out.splitlines():
-        with contextlib.suppress(ValueError, KeyError, TypeError):
+        with contextlib.suppress(ValueError):
             d = json.loads(line)
+            if isinstance(d, dict):
+                found.append(d)
+    return found
+
+
+def measure_gpu_nodes(hosts: list[str], gpus: int, job_id: str) -> dict[str, tuple[float | None, str]]:
+    figures: dict[str, tuple[float | None, str]] = {}
+    for d in on_each_node(hosts, job_id, ["--gpus", str(gpus)], GPU_TIMEOUT_S + SRUN_TIMEOUT_S):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
             figures[str(d["node"])] = (float(d["busbw"]) if d["busbw"] is not None else None, str(d["why"]))
     return figures
 
 
 def measure_ring(hosts: list[str], addresses: dict[str, str], job_id: str) -> list[nodecheck.Pair]:
-    argv = ["srun", "--overlap", f"--jobid={job_id}", f"-N{len(hosts)}", f"-n{len(hosts)}", "--ntasks-per-node=1",
-            f"--nodelist={','.join(hosts)}", sys.executable, "-m", "launcher.execute.nodecheck",
-            "--hosts", ",".join(hosts), "--addresses", ",".join(addresses.get(h, h) for h in hosts)]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=SRUN_TIMEOUT_S).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        out = e.stdout.decode() if isinstance(e, subprocess.TimeoutExpired) and isinstance(e.stdout, bytes) else ""
+    args = ["--hosts", ",".join(hosts), "--addresses", ",".join(addresses.get(h, h) for h in hosts)]
     pairs = []
-    for line in out.splitlines():
+    for d in on_each_node(hosts, job_id, args, SRUN_TIMEOUT_S):
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            d = json.loads(line)
             if "error" not in d:
                 pairs.append(nodecheck.Pair(d["sender"], d["receiver"], int(d["bytes"]), float(d["seconds"])))
     return pairs
