@@ -78,24 +78,15 @@ class Progress:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        if self._cuda:
-            start, end = self._event(), self._event()
-            start.record()
-            try:
-                yield
-            finally:
-                end.record()
-                self._marks.append((name, start, end))
-            return
-        t0 = time.perf_counter()
+        self.begin(name)
         try:
             yield
         finally:
-            self._spent[name] += time.perf_counter() - t0
+            self.end(name)
 
     def begin(self, name: str) -> None:
-        """A phase's start where no `with` can hold it (module hooks: StepHooks); `end(name)` closes it. The phase
-        open already, if any, ends here."""
+        """A phase's start (`phase` holds one with `with`; where none can, module hooks: StepHooks); `end(name)`
+        closes it. The phase open already, if any, ends here: one phase at a time."""
         if self._file is None:
             return
         self.end()
