@@ -46,7 +46,17 @@ def to_host(obj, reuse=None, copies: list | None = None):
     buffers": https://docs.pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers; the CUDA C++
     Programming Guide, "Page-Locked Host Memory"). Each such copy's device is added to `copies`; the copy may be
     read only after `copied()` of that list says the GPU has finished it (CheckpointWriter's thread waits there,
-    not the training loop). The loop may go on at once: its next kernels run after the copies in stream order."""
+    not the training loop). The loop may go on at once: its next kernels run after the copies in stream order.
+    Without `copies`, to_host waits for its copies itself before it returns."""
+    queued: list = [] if copies is None else copies
+    host = _to_host(obj, reuse, queued)
+    if copies is None:
+        for device in queued:
+            torch.cuda.current_stream(device).synchronize()
+    return host
+
+
+def _to_host(obj, reuse, copies: list):
     if isinstance(obj, torch.Tensor):
         cuda = obj.device.type == "cuda"
         if (isinstance(reuse, torch.Tensor) and reuse.shape == obj.shape and reuse.dtype == obj.dtype
@@ -58,17 +68,15 @@ def to_host(obj, reuse=None, copies: list | None = None):
         else:
             return obj.detach().to("cpu", copy=True)
         host.copy_(obj.detach(), non_blocking=cuda)
-        if cuda and copies is not None and obj.device not in copies:
+        if cuda and obj.device not in copies:
             copies.append(obj.device)
-        elif cuda and copies is None:
-            torch.cuda.current_stream(obj.device).synchronize()  # no one to wait later: wait now
         return host
     if isinstance(obj, dict):
         spare = reuse if isinstance(reuse, dict) else {}
-        return {k: to_host(v, spare.get(k), copies) for k, v in obj.items()}
+        return {k: _to_host(v, spare.get(k), copies) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         spare = reuse if isinstance(reuse, list | tuple) and len(reuse) == len(obj) else [None] * len(obj)
-        copied = [to_host(v, r, copies) for v, r in zip(obj, spare, strict=True)]
+        copied = [_to_host(v, r, copies) for v, r in zip(obj, spare, strict=True)]
         return copied if isinstance(obj, list) else tuple(copied)
     return copy.deepcopy(obj)
 
