@@ -46,14 +46,13 @@ def ranks_here() -> dict[int, int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
+        rank = environment(int(entry.name)).get("OMPI_COMM_WORLD_RANK")
+        if rank is None or not rank.isdigit():
+            continue
         try:
-            env = Path(entry.path, "environ").read_bytes().split(b"\0")
             stat = Path(entry.path, "stat").read_text()
             cmdline = Path(entry.path, "cmdline").read_bytes()
         except OSError:
-            continue
-        rank = next((v.split(b"=", 1)[1] for v in env if v.startswith(b"OMPI_COMM_WORLD_RANK=")), None)
-        if rank is None or not rank.isdigit():
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
         found[int(entry.name)] = (int(rank), parent, cmdline)
