@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import json
 import os
 import queue
 import signal
@@ -34,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.cluster import Node
+from launcher.execute import restartlog
 from launcher.files import write_atomic
 from launcher.plans import faults, restarts
 
@@ -160,19 +160,15 @@ def newest_checkpoint_epoch(output: Path) -> int | None:
 def _record_unrecorded_loss(output: Path, restart: int) -> None:
     """If the previous attempt's step died with its node (its batch host), its restart is in no record: write it
     now, naming that node; then note this attempt's batch host for the next one."""
-    record = output / restarts.RECORD_FILE
     marker = output / restarts.BATCH_HOST_FILE
-    try:
-        history = json.loads(record.read_text()).get("history", [])
-    except (OSError, ValueError):
-        history = []
+    history = restartlog.history(output)
     try:
         before = marker.read_text().split()[0]
     except (OSError, IndexError):
         before = None
     missing = restarts.unrecorded_loss(history, restart, before, newest_checkpoint_epoch(output))
     if missing is not None:
-        write_atomic(record, restarts.record([restarts.Restart(**h) for h in history] + [missing]))
+        restartlog.append(output, history, missing)
         say(f"attempt {restart}'s step was on {before or 'a node'}, which was lost; recorded")
     with contextlib.suppress(OSError):
         write_atomic(marker, f"{socket.gethostname()} {restart}\n")
@@ -261,22 +257,14 @@ def _refuse_short_nodes(hosts: list[str], job_id: str, restart: int, a: argparse
         print(f"error: job {job_id} refused {', '.join(s.node for s in short)} ({why}) and has no restart left "
               f"(--max-restarts {a.max_restarts}); the node is drained", flush=True)
         return 1
-    record = output / restarts.RECORD_FILE
-    try:
-        history = json.loads(record.read_text()).get("history", [])
-    except (OSError, ValueError):
-        history = []
     newest = newest_checkpoint_epoch(output)
     step = restarts.Restart(attempt=restart + 1, why=why, lost=[s.node for s in short],
                             resumed_from_epoch=newest + 1 if newest is not None else 0, epochs_lost=0.0, progress=None)
-    write_atomic(record, restarts.record([restarts.Restart(**h) for h in history] + [step]))
+    restartlog.append(output, restartlog.history(output), step)
     say(f"requeueing job {job_id} (restart {restart + 1} of {a.max_restarts}) without "
         f"{', '.join(s.node for s in short)}, before its first step")
-    # scontrol(1) "requeue <job_list>": "Requeue a running, suspended or finished Slurm batch job into pending state"
-    # (https://slurm.schedmd.com/scontrol.html#OPT_requeue).
-    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
-    if done.returncode != 0:
-        print(f"error: Slurm would not requeue job {job_id}: {done.stderr.strip()}", flush=True)
+    if (refused := restartlog.requeue(job_id, pending_ok=False)) is not None:
+        print(f"error: Slurm would not requeue job {job_id}: {refused}", flush=True)
     return 1
 
 
@@ -375,11 +363,7 @@ def main(args: list[str] | None = None) -> int:
     why = stopped or faults.diagnose(lines, ranked, silent, shared_memory_gib=a.shared_memory_gib) \
         or f"mpirun exited {code}"
     lost = restarts.lost_nodes(lines, silent, hosts)
-    record = Path(a.output) / restarts.RECORD_FILE
-    try:
-        history = json.loads(record.read_text()).get("history", [])
-    except (OSError, ValueError):
-        history = []
+    history = restartlog.history(Path(a.output))
     at = restarts.progress(lines)
     verdict = restarts.decide(why, lost, trainer_error=restarts.trainer_error(lines), restarts_done=restart,
                               max_restarts=a.max_restarts, previous_lost=history[-1]["lost"] if history else None,
@@ -392,7 +376,7 @@ def main(args: list[str] | None = None) -> int:
     step = restarts.Restart(attempt=restart + 1, why=why, lost=list(lost),
                             resumed_from_epoch=newest + 1 if newest is not None else 0,
                             epochs_lost=restarts.work_lost(at, newest), progress=list(at) if at else None)
-    write_atomic(record, restarts.record([restarts.Restart(**h) for h in history] + [step]))
+    restartlog.append(Path(a.output), history, step)
     causes = "; ".join(f"{n}: {silent.get(n, 'mpirun lost its daemon there')}" for n in lost)
     say(f"{', '.join(lost)} lost ({causes}); "
         f"requeueing job {job_id} (restart {restart + 1} of {a.max_restarts}); it resumes from the newest "
@@ -407,11 +391,9 @@ def main(args: list[str] | None = None) -> int:
     if int(show("job", job_id).get("Restarts", restart) or restart) > restart:
         say(f"Slurm has already requeued job {job_id}")
         return code or 1
-    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     # Slurm may have been first: a node it saw fail requeues the job by itself ("Job is pending execution").
-    if done.returncode != 0 and "pending" not in done.stderr.lower():
-        print(f"error: training failed: {why}, and Slurm would not requeue job {job_id}: {done.stderr.strip()}",
-              flush=True)
+    if (refused := restartlog.requeue(job_id, pending_ok=True)) is not None:
+        print(f"error: training failed: {why}, and Slurm would not requeue job {job_id}: {refused}", flush=True)
         return code or 1
     return code or 1
 

@@ -8,14 +8,13 @@ marks its instance Unhealthy, launcher/doctor/health.py) or, on the local cluste
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.files import write_atomic
+from launcher.execute import restartlog
 from launcher.plans import draining, restarts
 from launcher.plans.stragglers import Straggler
 
@@ -116,23 +115,17 @@ class Drainer:
         """After the run stopped: the drain recorded as a restart (restarts.json, as a lost node's), the job
         requeued. The step's exit status."""
         assert self.drained is not None
-        record = self.output / restarts.RECORD_FILE
-        try:
-            history = json.loads(record.read_text()).get("history", [])
-        except (OSError, ValueError):
-            history = []
+        history = restartlog.history(self.output)
         newest = newest_checkpoint(self.output)
         epoch = newest_epoch(self.output)
         at = restarts.progress(lines)
         step = restarts.Restart(attempt=self.restart + 1, why=draining.reason(self.drained), lost=[self.drained.node],
                                 resumed_from_epoch=epoch + 1 if epoch is not None else 0,
                                 epochs_lost=restarts.work_lost(at, epoch), progress=list(at) if at else None)
-        write_atomic(record, restarts.record([restarts.Restart(**h) for h in history] + [step]))
+        restartlog.append(self.output, history, step)
         self.say(f"requeueing job {self.job_id} (restart {self.restart + 1} of {self.max_restarts}) without "
                  f"{self.drained.node}; it resumes from {newest[0] if newest else 'the start'} on its replacement")
-        # scontrol(1) "requeue <job_list>" (https://slurm.schedmd.com/scontrol.html#OPT_requeue): pending again, to
-        # start when the allocation is whole, the drained node's replacement in it.
-        done = subprocess.run(["scontrol", "requeue", self.job_id], capture_output=True, text=True)
-        if done.returncode != 0 and "pending" not in done.stderr.lower():
-            print(f"error: Slurm would not requeue job {self.job_id}: {done.stderr.strip()}", flush=True)
+        # Pending again, to start when the allocation is whole, the drained node's replacement in it.
+        if (refused := restartlog.requeue(self.job_id, pending_ok=True)) is not None:
+            print(f"error: Slurm would not requeue job {self.job_id}: {refused}", flush=True)
         return 1
