@@ -455,7 +455,9 @@ def test_a_straggler_drained_mid_run_is_replaced_and_the_run_finishes_every_epoc
                         r"other nodes in (forward \(compute\)|waiting for data) since step (\d+))\)", first)
     assert drained, first[-3000:]
     reason, ratio, since = drained.group(1), float(drained.group(2)), int(drained.group(4))
-    assert ratio > stragglers.FACTOR and not re.search(r"straggler: (draining )?node0", text), text[-3000:]
+    # the reason gives the ratio to one decimal: a node named at 1.52x reads 1.5x, so the figure read back is at
+    # least the factor (the rule itself, over it, is plans/stragglers' and tested there at its boundary)
+    assert ratio >= stragglers.FACTOR and not re.search(r"straggler: (draining )?node0", text), text[-3000:]
     # Named within the default window of the throttle: the window's first step is the throttle's, or the one before
     # (one step of the window may fall under the factor), and not later than a window after it.
     assert throttled_at - 1 <= since <= throttled_at + stragglers.WINDOW, (throttled_at, since)
