@@ -61,12 +61,14 @@ def test_other_rates_are_refused(text, said):
         fd.parse_rate(text)
 
 
-def test_the_cpu_quota_is_the_share_of_every_vcpu_of_the_node_per_period():
-    assert fd.cpu_quota_us(0.3, 1) == 30_000
-    assert fd.cpu_quota_us(0.3, 4) == 120_000
-    assert fd.cpu_quota_us(0.5, 0) == 50_000          # a node that says 0 vCPUs has at least one
-    assert fd.cpu_quota_us(0.0099, 1) == 1_000        # the kernel's least quota, 1 ms ...
-    assert fd.cpu_quota_us(0.0101, 1) == 1_010        # ... and just above it
+def test_the_cpu_quota_is_the_share_of_every_vcpu_of_the_node_per_10_ms():
+    assert fd.cpu_bandwidth(0.3, 1) == (3_000, 10_000)
+    assert fd.cpu_bandwidth(0.3, 4) == (12_000, 10_000)
+    assert fd.cpu_bandwidth(0.5, 0) == (5_000, 10_000)           # a node that says 0 vCPUs has at least one
+    assert fd.cpu_bandwidth(0.1, 1) == (1_000, 10_000)           # the kernel's least quota, 1 ms, in 10 ms ...
+    assert fd.cpu_bandwidth(0.099, 1) == (1_000, 10_102)         # ... and below it a longer period keeps the share
+    assert fd.cpu_bandwidth(0.001, 1) == (1_000, 1_000_000)      # 0.1% of one vCPU: 1 ms in the longest period, 1 s
+    assert fd.cpu_bandwidth(0.0001, 1) == (1_000, 1_000_000)     # the least share the kernel can hold
 
 
 def test_the_bucket_holds_two_packets_at_low_rates_and_a_ticks_worth_at_high_ones():

@@ -164,8 +164,8 @@ def test_fault_drills_throttle_shape_and_freeze_one_node_and_clear_undoes_them(h
 
     proc = launch(home, "local", "fault", "node1", "--cpu", "0.3")
     assert proc.returncode == 0 and "node1's CPU throttled to 30% of its vCPUs" in proc.stdout, proc.stderr
-    assert int((cg / "cpu.cfs_quota_us").read_text()) == faultdrill.cpu_quota_us(0.3, node1["cpus"])
-    assert int((cg / "cpu.cfs_period_us").read_text()) == faultdrill.CPU_PERIOD_US
+    quota, period = faultdrill.cpu_bandwidth(0.3, node1["cpus"])
+    assert (int((cg / "cpu.cfs_quota_us").read_text()), int((cg / "cpu.cfs_period_us").read_text())) == (quota, period)
     members = {int(p) for p in (cg / "cgroup.procs").read_text().split()}
     assert set(faults.node_pids(netns)) <= members  # every process of node1 ...
     assert not members & set(faults.node_pids(state["rehearsal"]["netns"]["node0"]))  # ... and none of node0's

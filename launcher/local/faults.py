@@ -96,7 +96,7 @@ def apply(c: Cluster, d: faultdrill.Drill) -> str:
         _save(c, d.node, {})
         return d.describe() + (f" ({', '.join(sorted(rec))})" if rec else " (none was in force)")
     if d.kind == "cpu":
-        _throttle(netns, faultdrill.cpu_quota_us(d.cpu_fraction or 1.0, c.node(d.node).cpus))
+        _throttle(netns, *faultdrill.cpu_bandwidth(d.cpu_fraction or 1.0, c.node(d.node).cpus))
         rec["cpu"] = d.cpu_fraction
     elif d.kind == "net":
         _shape(netns, c.rehearsal.veth[d.node], d.rate_bps or 0)
@@ -108,13 +108,15 @@ def apply(c: Cluster, d: faultdrill.Drill) -> str:
     return d.describe()
 
 
-def _throttle(netns: str, quota_us: int) -> None:
+def _throttle(netns: str, quota_us: int, period_us: int) -> None:
     cg = _cpu_cgroup(netns)
     if cg is None:
         raise LaunchError("--cpu needs cgroup v1's cpu controller on this machine (mounted under /sys/fs/cgroup); "
                           "none is mounted")
     cg.mkdir(parents=True, exist_ok=True)
-    (cg / "cpu.cfs_period_us").write_text(str(faultdrill.CPU_PERIOD_US))
+    # Unlimited first: an earlier drill's quota never runs against the new period.
+    (cg / "cpu.cfs_quota_us").write_text("-1")
+    (cg / "cpu.cfs_period_us").write_text(str(period_us))
     (cg / "cpu.cfs_quota_us").write_text(str(quota_us))
     # A process forked while the others move stays where its parent was: move until a pass finds none left.
     for _ in range(10):

@@ -3,7 +3,11 @@ drill does to a rehearsal node, decided here; launcher/local/faults.py only writ
 
 - ``--cpu F``: the node's processes get F of the CPU time its vCPUs would give them, by CFS bandwidth control: a
   quota of F x cpus x period per period (the kernel's scheduler/sched-bwc.rst: "cpu.cfs_quota_us: the total
-  available run-time within a period"; the period's default is 100 ms and the quota's least is 1 ms).
+  available run-time within a period"; "The minimum quota allowed for the quota or period is 1ms. There is also an
+  upper bound on the period length of 1s"). The period is 10 ms, not the default 100 ms: a quota is a burst the node
+  may spend at once, and at 100 ms a node held to 30% of one vCPU ran 30 ms unthrottled in every 100, so a step of
+  tens of milliseconds (the tests' tiny models) mostly fit in it and the node was barely slower (the straggler test
+  at 4 images a rank: 1.3x to 2x where 3.3x was asked). A share too small for 1 ms a period lengthens the period.
 - ``--net RATE``: both directions of the node's link shaped by a token bucket filter (tc-tbf(8)) on each end of its
   veth: the bucket must hold at least one packet at the interface's MTU, or nothing passes, and at least a rate's
   worth of one timer tick ("burst ... must be at least rate / HZ"; 10 ms covers HZ >= 100).
@@ -19,8 +23,9 @@ import math
 import re
 from dataclasses import dataclass
 
-CPU_PERIOD_US = 100_000      # sched-bwc.rst: cpu.cfs_period_us defaults to 100 ms
+CPU_PERIOD_US = 10_000       # see --cpu above: the burst a throttled node may spend at once
 CPU_QUOTA_MIN_US = 1_000     # sched-bwc.rst: "The minimum quota allowed for the quota or period is 1ms"
+CPU_PERIOD_MAX_US = 1_000_000  # sched-bwc.rst: "an upper bound on the period length of 1s"
 MTU_BYTES = 1500             # the rehearsal veths' MTU (iproute2's default for a veth pair)
 TICK_S = 0.01                # a timer tick at HZ=100, the lowest the kernel's config offers
 TBF_LATENCY_MS = 100         # how long a packet may wait in the bucket before it is dropped
@@ -91,9 +96,12 @@ def drill(node: str, *, cpu: float | None, net: str | None, freeze: bool, clear:
     return Drill(node, "freeze" if freeze else "clear")
 
 
-def cpu_quota_us(fraction: float, cpus: int, period_us: int = CPU_PERIOD_US) -> int:
-    """cpu.cfs_quota_us for a node of `cpus` vCPUs kept to `fraction` of them."""
-    return max(CPU_QUOTA_MIN_US, round(fraction * max(cpus, 1) * period_us))
+def cpu_bandwidth(fraction: float, cpus: int) -> tuple[int, int]:
+    """(cpu.cfs_quota_us, cpu.cfs_period_us) for a node of `cpus` vCPUs kept to `fraction` of them: CPU_PERIOD_US,
+    lengthened (up to the kernel's 1 s) where the share of it would be under the kernel's least quota of 1 ms."""
+    share = fraction * max(cpus, 1)
+    period = min(CPU_PERIOD_MAX_US, max(CPU_PERIOD_US, math.ceil(CPU_QUOTA_MIN_US / share)))
+    return max(CPU_QUOTA_MIN_US, round(share * period)), period
 
 
 def tbf_burst_bytes(rate_bps: int) -> int:
