@@ -242,6 +242,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
     if subnet is not None:
         plan.parse_subnet(subnet)
     roles = node_names(nodes, reducers)
+    nodes_.check_inotify(len(roles) + (1 if with_slurm else 0))
     layers = rh.ensure_root()
     d = cluster_dir(name)
     netw = plan.network(str(d.resolve()), [n for n, _ in roles] + ([HEAD] if with_slurm else []),
@@ -283,7 +284,8 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         instances: dict[str, imds.Instance] = {}
         booted = {}
         head = None
-        timeout = plan.boot_timeout(len(roles) + (1 if with_slurm else 0), os.cpu_count() or 1)
+        at_once = plan.boot_parallelism(len(roles), os.cpu_count() or 1)
+        timeout = plan.boot_timeout(at_once + (1 if with_slurm else 0), os.cpu_count() or 1)
         if with_slurm:  # the controller first: each slurmd registers with it as it starts
             head_addr = netw.node(HEAD).address
             booted[HEAD] = _boot_node(d, netw, HEAD, layers, storage_files, instances, acct=acct,
@@ -302,7 +304,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
                                                    secret_arn=secret_arn, cpus=cpus, workers=workers,
                                                    reducers=reducers, storage=netw.storage.address))
 
-        with ThreadPoolExecutor(max_workers=min(64, len(roles))) as pool:
+        with ThreadPoolExecutor(max_workers=at_once) as pool:
             booted.update(zip([n for n, _ in roles], pool.map(one, roles), strict=True))
         info = RehearsalInfo(bridge=netw.bridge, subnet=netw.subnet, gateway=netw.gateway,
                              netns={n.name: n.netns for n in netw.nodes}, veth={n.name: n.veth for n in netw.nodes},

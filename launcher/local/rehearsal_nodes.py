@@ -66,6 +66,35 @@ def remove_node_net(node_netns: str, veth: str) -> None:
         subprocess.run(["ip", "netns", "del", node_netns], capture_output=True)
 
 
+def inotify_in_use() -> int:
+    """inotify instances root's processes hold now (each an fd linking to anon_inode:inotify), the count
+    fs.inotify.max_user_instances limits for them."""
+    count = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != 0:
+                continue
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    count += os.readlink(fd.path) == "anon_inode:inotify"
+        except OSError:  # the process ended while read
+            continue
+    return count
+
+
+def check_inotify(nodes: int) -> None:
+    """Refuse, in one line, to boot nodes whose systemd would find no inotify instance left."""
+    try:
+        limit = int(Path(plan.INOTIFY_LIMIT).read_text())
+    except (OSError, ValueError):
+        return
+    said = plan.inotify_shortfall(nodes, limit, inotify_in_use())
+    if said:
+        raise LaunchError(said)
+
+
 @dataclass(frozen=True)
 class Booted:
     pid: int                                 # unshare's pid on this machine: the node ends with it
@@ -166,7 +195,7 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, ti
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             text = console.read_bytes()[start:].decode(errors="replace")
-            raise LaunchError(f"{node} did not boot: {plan.last_lines(text)} (console: {console})")
+            raise LaunchError(f"{node} did not boot (exit {proc.returncode}): {plan.last_lines(text)}")
         if result is None:
             f = node_file(proc.pid, plan.CLOUD_RESULT)
             with contextlib.suppress(OSError, ValueError):
@@ -184,10 +213,14 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, ti
                 text = console.read_bytes()[start:].decode(errors="replace")
                 return Booted(proc.pid, host_keys_from_console(text) if first else [])
         time.sleep(0.1)
+    answering = _banner(address)
     stop(proc.pid)
+    # The console's last lines in the message: a failed `launch local up` removes the cluster, the log with it.
+    text = console.read_bytes()[start:].decode(errors="replace")
     raise LaunchError(f"{node} did not finish booting within {timeout_s:.0f} s (cloud-init "
                       f"{'done' if result is not None else 'not done'}, ssh on {address}:22 "
-                      f"{'answering' if _banner(address) else 'not answering'}); console: {console}")
+                      f"{'answering' if answering else 'not answering'}); its console's last lines: "
+                      f"{plan.last_lines(text)}")
 
 
 def _banner(address: str) -> bool:

@@ -290,14 +290,47 @@ HOST_KEYS_END = "-----END SSH HOST KEY KEYS-----"
 
 # What booting one node costs this machine, in seconds of one core: systemd, cloud-init's four stages, the user data
 # (the AWS CLI, sshfs, munge, slurmd) and slurmd's first health check (its one torch import). Measured 2026-11-27 in
-# the node's cgroup (cpu.stat usage_usec, docs/benchmarks.md): 8.7-9.6 s for a node with Slurm. Every node boots at
-# once, so a cluster's boot is as long as its nodes' CPU time over this machine's cores, and a node is given that.
+# the node's cgroup (cpu.stat usage_usec, docs/benchmarks.md): 8.7-9.6 s for a node with Slurm. A node booting
+# beside others is given their CPU time over this machine's cores.
 BOOT_CPU_S = 12.0
 BOOT_SLACK_S = 60.0
+# At most this many nodes a core boot at once; the rest wait their turn. Instances boot on CPUs of their own; here
+# they share this machine's, and 64 nodes booted at once on 2 cores (load 31) each took over 450 s and node10 timed
+# out while none had finished: every boot crawled at 1/32 of a core till the end. In turns each node boots in
+# seconds, the cluster's boot stays its nodes' CPU time over the cores, and the first nodes are ready early.
+BOOTS_PER_CPU = 2
+
+
+# inotify instances a running node holds: its systemd 5, dbus-daemon 1, systemd-logind 1 (counted on a booted node,
+# /proc/PID/fd -> anon_inode:inotify), and one spare for a unit that watches while it starts. They count against one
+# limit for every root process of this machine, fs.inotify.max_user_instances (inotify(7), "/proc interfaces"; 128
+# by default), because the nodes are root without a user namespace of their own. A systemd that finds none left
+# hangs or exits before it says a word: 64 nodes on this machine's 128 stopped at the 18th to 21st node, each time
+# with an empty console. kind meets the same with its systemd nodes and raises the limit
+# (https://kind.sigs.k8s.io/docs/user/known-issues/#pod-errors-due-to-too-many-open-files).
+INOTIFY_PER_NODE = 8
+INOTIFY_LIMIT = "/proc/sys/fs/inotify/max_user_instances"
+
+
+def inotify_shortfall(nodes: int, limit: int, in_use: int) -> str | None:
+    """The one line refusing to boot `nodes` nodes when root's inotify instances would run out, else None."""
+    need = nodes * INOTIFY_PER_NODE
+    if in_use + need <= limit:
+        return None
+    enough = 1 << (in_use + need - 1).bit_length()
+    return (f"{nodes} rehearsal node(s) need about {need} inotify instances ({INOTIFY_PER_NODE} each, for systemd) "
+            f"and root has {max(0, limit - in_use)} of its {limit} left (fs.inotify.max_user_instances); a node's "
+            f"systemd finding none hangs without a word. Raise it for the cluster's life: "
+            f"sysctl fs.inotify.max_user_instances={enough} (restore {limit} afterwards), or boot fewer nodes")
+
+
+def boot_parallelism(nodes: int, cpus: int) -> int:
+    """How many of a cluster's `nodes` boot at once on `cpus` cores."""
+    return max(1, min(nodes, BOOTS_PER_CPU * max(1, cpus)))
 
 
 def boot_timeout(nodes: int, cpus: int) -> float:
-    """Seconds a node of a cluster of `nodes` booting at once on `cpus` cores has to finish its first boot."""
+    """Seconds a node booting beside `nodes` - 1 others on `cpus` cores has to finish its first boot."""
     return BOOT_SLACK_S + BOOT_CPU_S * max(1, nodes) / max(1, cpus)
 
 
