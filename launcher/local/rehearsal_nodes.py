@@ -190,12 +190,16 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, ti
         proc = subprocess.Popen(plan.boot_command(netns, str(cgroup), str(script)), stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     (node_dir / "unshare.pid").write_text(f"{proc.pid}\n")  # before waiting: a crash mid-boot still finds it
+
+    def this_boot() -> str:
+        """What the node printed on its console since this boot began."""
+        return console.read_bytes()[start:].decode(errors="replace")
+
     deadline = time.monotonic() + timeout_s
     result = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            text = console.read_bytes()[start:].decode(errors="replace")
-            raise LaunchError(f"{node} did not boot (exit {proc.returncode}): {plan.last_lines(text)}")
+            raise LaunchError(f"{node} did not boot (exit {proc.returncode}): {plan.last_lines(this_boot())}")
         if result is None:
             f = node_file(proc.pid, plan.CLOUD_RESULT)
             with contextlib.suppress(OSError, ValueError):
@@ -210,17 +214,15 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, ti
                                   f"output: {out}")
             if _banner(address):
                 from launcher.cluster.aws.access import host_keys_from_console
-                text = console.read_bytes()[start:].decode(errors="replace")
-                return Booted(proc.pid, host_keys_from_console(text) if first else [])
+                return Booted(proc.pid, host_keys_from_console(this_boot()) if first else [])
         time.sleep(0.1)
     answering = _banner(address)
     stop(proc.pid)
     # The console's last lines in the message: a failed `launch local up` removes the cluster, the log with it.
-    text = console.read_bytes()[start:].decode(errors="replace")
     raise LaunchError(f"{node} did not finish booting within {timeout_s:.0f} s (cloud-init "
                       f"{'done' if result is not None else 'not done'}, ssh on {address}:22 "
                       f"{'answering' if answering else 'not answering'}); its console's last lines: "
-                      f"{plan.last_lines(text)}")
+                      f"{plan.last_lines(this_boot())}")
 
 
 def _banner(address: str) -> bool:
