@@ -17,7 +17,9 @@ The watchdog removes a pipe left by an earlier job and makes it again, and can f
 (DumpPipe's TORCH_CHECKs): the stem is the same for every job, which holds while a cluster's jobs run as one user
 (its Slurm user, as here); a cluster shared by several users would need a stem per user.
 
-Not run on GPUs yet: tests/test_gpu.py's flight recorder test is the check on a device machine.
+Run on a GPU (an H200 with torch 2.13, 2026-11-28): tests/test_gpu.py's flight recorder test passed, the pipe made
+by the watchdog and the dump read back; torch 2.13 warns once per rank that TORCH_NCCL_TRACE_BUFFER_SIZE is
+deprecated in favour of TORCH_FR_BUFFER_SIZE and still honours it.
 """
 
 from __future__ import annotations
