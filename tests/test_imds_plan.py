@@ -232,7 +232,22 @@ def test_no_role_no_keys():
         assert get(path, inst, tokens, token).status == 404
 
 
-@pytest.mark.parametrize("path", ["/latest/meta-data/nope", "/latest/meta-data/local-ipv4/more", "/2009-04-04/",
+def test_dated_versions_serve_what_latest_serves_and_the_root_lists_them(session):
+    """What cloud-init's Ec2 datasource reads: /2021-03-23/meta-data/instance-id to pick its version, then that
+    version's user-data, meta-data and identity document; the root lists EC2's versions, latest last."""
+    inst, tokens, token = session
+    root = get("/", inst, tokens, token).body.decode().split("\n")
+    assert root[0] == "1.0" and root[-2:] == ["2021-03-23", "latest"] and "2009-04-04" in root and len(root) == 26
+    for version in ("2021-03-23", "2016-09-02", "2009-04-04"):
+        for item in ("meta-data/instance-id", "meta-data/", "meta-data/public-keys/0/openssh-key",
+                     "dynamic/instance-identity/document", ""):
+            dated, latest = (get(f"/{v}/{item}", inst, tokens, token) for v in (version, "latest"))
+            assert (dated.status, dated.body) == (latest.status, latest.body) and dated.status == 200, (version, item)
+        assert get(f"/{version}/meta-data/instance-id", inst, tokens, None).status == 401  # a token all the same
+
+
+@pytest.mark.parametrize("path", ["/latest/meta-data/nope", "/latest/meta-data/local-ipv4/more", "/2009-04-05/",
+                                  "/latest2/",
                                   "/latest/dynamic/instance-identity/pkcs7", "/latest/meta-data/public-keys/1/"])
 def test_unknown_paths_are_404(session, path):
     inst, tokens, token = session

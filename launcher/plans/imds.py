@@ -13,7 +13,9 @@ The AWS pages behind the rules (cited again beside each):
 - [categories] https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html
   (the metadata items and the dynamic instance identity document);
 - [iam] https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/iam-roles-for-amazon-ec2.html#instance-metadata-security-credentials
-  (the iam/security-credentials/<role> JSON).
+  (the iam/security-credentials/<role> JSON);
+- [versions] https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-instance-metadata-service.html
+  (its example "Get the available versions of the instance metadata": GET / lists the dated versions and latest).
 
 Choices where AWS has no counterpart (a request from an address that is no instance cannot happen on EC2): the
 request is first checked as EC2 checks any request (405 for a method other than GET/PUT, 403 for a token PUT that
@@ -56,6 +58,11 @@ TOKEN_HEADER = "X-aws-ec2-metadata-token"
 MIN_TTL_S = 1
 MAX_TTL_S = 21600
 TOKEN_PATH = "/latest/api/token"
+# [versions] "Get the available versions of the instance metadata": GET / lists these, then latest.
+VERSIONS = ("1.0", "2007-01-19", "2007-03-01", "2007-08-29", "2007-10-10", "2007-12-15", "2008-02-01", "2008-09-01",
+            "2009-04-04", "2011-01-01", "2011-05-01", "2012-01-12", "2014-02-25", "2014-11-05", "2015-10-20",
+            "2016-04-19", "2016-06-30", "2016-09-02", "2018-03-28", "2018-08-17", "2018-09-24", "2019-10-01",
+            "2020-10-27", "2021-01-03", "2021-03-23")
 _ISO = "%Y-%m-%dT%H:%M:%SZ"
 MAX_TOKENS = 4096  # live tokens kept; the oldest go first past it (a node asks a few per boot, not thousands)
 
@@ -253,7 +260,11 @@ def _tree(inst: Instance, now: float) -> dict[str, Any]:
     }
     if inst.user_data is not None:
         latest["user-data"] = inst.user_data  # [categories] user-data: 404 when the instance has none
-    return {"latest": latest}
+    # [versions]: each dated version is served beside latest, and cloud-init's Ec2 datasource reads a dated one (the
+    # newest of 2021-03-23, 2018-09-24, 2016-09-02 that answers /VERSION/meta-data/instance-id, else 2009-04-04:
+    # DataSourceEc2.get_metadata_api_version, cloud-init 22.4). Every version here serves latest's items: EC2's
+    # older versions lack the categories added after them, which no reader of a dated version here asks for.
+    return {version: latest for version in (*VERSIONS, "latest")}
 
 
 def _lookup(tree: dict[str, Any], path: str) -> Reply:
