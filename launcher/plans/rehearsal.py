@@ -406,7 +406,14 @@ def seed_files(*, instance_id: str, hostname: str, user_data: str,
     """NoCloud's seed on the node's disk, read by cloud-init at the first boot as the Ec2 datasource reads IMDS on
     EC2: the instance id (cloud-init runs per-instance modules, the user data among them, once per id), the host
     name, the key pair's public keys (installed in authorized_keys by cloud-init's ssh module) and the user data
-    (https://cloudinit.readthedocs.io/en/22.4/topics/datasources/nocloud.html)."""
+    (https://cloudinit.readthedocs.io/en/22.4/topics/datasources/nocloud.html).
+
+    Why not the Ec2 datasource against the nodes' IMDS (which serves the same user data, EC2's dated versions too):
+    cloud-init 22.4 asks IMDS for a token only where it has identified the platform as AWS
+    (DataSourceEc2._maybe_fetch_api_token), from /sys/hypervisor/uuid or DMI's product_uuid and serial beginning
+    "ec2" (identify_aws), and it reads no DMI in a container (dmi.read_dmi_data). This kernel has neither file and a
+    node's sysfs cannot gain one, so cloud-init would read IMDS without a token (IMDSv1), which HttpTokens=required
+    refuses with 401 for its whole 120 s wait."""
     import json
 
     meta = "\n".join([f"instance-id: {json.dumps(instance_id)}", f"local-hostname: {json.dumps(hostname)}",
