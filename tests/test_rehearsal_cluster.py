@@ -278,3 +278,31 @@ def test_the_plan_names_the_stacks_mount_point():
     from infra.layout import FSX_MOUNT_POINT
 
     assert plan.SHARED_MOUNT == FSX_MOUNT_POINT
+
+
+def test_a_node_whose_user_data_fails_is_one_line_and_up_keeps_only_its_logs(tmp_path, monkeypatch):
+    """A user data that fails as the stack's fails where /fsx does not mount (set -e, mount's exit 32): cloud-init's
+    own status says error, `up` names the node, the output's last lines and that status in one line, removes the
+    cluster whole, and keeps the node's console and cloud-init output where the line says (it named a file it had
+    just removed before)."""
+    from launcher.errors import LaunchError
+    from launcher.local import rehearsal_cluster as rc
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("SCALETRAIN_HOME", str(home))
+    monkeypatch.setattr(rc, "_user_data", lambda *a, **k: "#!/bin/bash\nset -e\necho 'mount: /fsx: mount failed'"
+                        " >&2\nexit 32\n")
+    before_ns, before_links = netns_list(), links()
+    with pytest.raises(LaunchError) as raised:
+        rc.up(1, 0, "baduser")
+    said = str(raised.value)
+    kept = home / plan.FAILED_DIR / "baduser"
+    output = kept / "nodes/node0/upper/var/log/cloud-init-output.log"
+    assert "\n" not in said and said.startswith("node0's user data failed: "), said
+    assert "mount: /fsx: mount failed" in said and "cloud-init status: error" in said and "scripts-user" in said, said
+    assert f"output: {output}" in said and said.endswith(f"(logs kept in {kept})"), said
+    assert "mount: /fsx: mount failed" in output.read_text()
+    assert "-----BEGIN SSH HOST KEY KEYS-----" in (kept / "nodes/node0/console.log").read_text(errors="replace")
+    assert (kept / "services.log").is_file()
+    assert not (home / "clusters" / "baduser").exists()
+    assert netns_list() == before_ns and links().count("\n") == before_links.count("\n")

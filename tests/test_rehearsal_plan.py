@@ -289,3 +289,37 @@ def test_nodes_are_refused_in_one_line_when_roots_inotify_instances_would_run_ou
     assert "has 23 of its 128 left" in plan.inotify_shortfall(3, 128, 105)
     assert "max_user_instances=1024" in plan.inotify_shortfall(65, 128, 10)   # 10 + 520 = 530 -> 1024
     assert "has 0 of its 128 left" in plan.inotify_shortfall(1, 128, 200)
+
+
+def test_a_failed_ups_paths_are_rewritten_to_where_its_logs_were_kept():
+    said = "node0's user data failed: boom; output: /h/clusters/c/nodes/node0/upper/var/log/cloud-init-output.log"
+    assert plan.kept_path(said, "/h/clusters/c", "/h/failed/c") == (
+        "node0's user data failed: boom; output: /h/failed/c/nodes/node0/upper/var/log/cloud-init-output.log")
+    assert plan.kept_path("log: /h/clusters/cc/services.log", "/h/clusters/c", "/h/failed/c") == (
+        "log: /h/clusters/cc/services.log")  # another cluster's directory is not this one's
+    assert all(not p.startswith("/") for p in plan.KEPT_LOGS)
+
+
+CLOUD_INIT_OUTPUT = """Cloud-init v. 22.4.2 running 'init-local' at Sat, 28 Nov 2026 15:12:31 +0000. Up 3977.21 seconds.
+ci-info: |  eth0  | True |          10.213.0.2         | 255.255.255.0 | global | 72:fe:05:94:9f:a9 |
+Generating public/private rsa key pair.
+Cloud-init v. 22.4.2 running 'modules:config' at Sat, 28 Nov 2026 15:12:33 +0000. Up 3979.06 seconds.
+Cloud-init v. 22.4.2 running 'modules:final' at Sat, 28 Nov 2026 15:12:33 +0000. Up 3979.38 seconds.
++ install -d /fsx
++ mount /fsx
+mount: /fsx: mount failed
+
+2026-11-28 15:12:33,850 - cc_scripts_user.py[WARNING]: Failed to run module scripts-user (scripts in /var/lib/cloud/instance/scripts)
+2026-11-28 15:12:33,850 - util.py[WARNING]: Running module scripts-user (<module 'cloudinit.config.cc_scripts_user' from '/usr/lib/python3/dist-packages/cloudinit/config/cc_scripts_user.py'>) failed
+Cloud-init v. 22.4.2 finished at Sat, 28 Nov 2026 15:12:33 +0000. Datasource DataSourceNoCloud [seed=/var/lib/cloud/seed/nocloud][dsmode=net].  Up 3979.46 seconds
+"""  # noqa: E501  (a real node's cloud-init-output.log, the user data's lines traced with set -x)
+
+
+def test_a_failed_user_datas_own_last_lines_are_what_the_error_says_not_cloud_inits():
+    assert plan.user_data_output(CLOUD_INIT_OUTPUT) == "+ install -d /fsx | + mount /fsx | mount: /fsx: mount failed"
+    assert plan.user_data_output(CLOUD_INIT_OUTPUT, 1) == "mount: /fsx: mount failed"
+    # a user data that printed nothing: cloud-init's lines are not passed off as its output
+    silent = CLOUD_INIT_OUTPUT.replace("+ install -d /fsx\n+ mount /fsx\nmount: /fsx: mount failed\n", "")
+    assert plan.user_data_output(silent) == "(no output)"
+    # a log without the final stage's banner (cut short): its last lines, cloud-init's own left out
+    assert plan.user_data_output("boom\n2026-11-28 15:12:33,850 - util.py[WARNING]: failed\n") == "boom"

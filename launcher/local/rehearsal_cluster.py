@@ -323,10 +323,33 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         _install_access(c)
         if head:
             _start_keeper(d, name)
-    except BaseException:
+    except BaseException as e:
+        kept = _keep_logs(d, name)
         remove(d)
+        if isinstance(e, LaunchError) and kept is not None:
+            raise LaunchError(f"{plan.kept_path(str(e), str(d), str(kept))} (logs kept in {kept})") from None
         raise
     return c
+
+
+def _keep_logs(d: Path, name: str) -> Path | None:
+    """Copy what says why `up` failed (plan.KEPT_LOGS) out of the cluster's directory before it is removed, into
+    FAILED_DIR/NAME (an earlier failure's there replaced); None when there was nothing to keep."""
+    from launcher.cluster import state_root
+
+    found = [p for pattern in plan.KEPT_LOGS for p in d.glob(pattern) if p.is_file()]
+    if not found:
+        return None
+    kept = state_root() / plan.FAILED_DIR / name
+    try:
+        shutil.rmtree(kept, ignore_errors=True)
+        for p in found:
+            target = kept / p.relative_to(d)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(p, target)
+    except OSError:
+        return None  # the failure itself is what the user needs; the copy is a courtesy
+    return kept
 
 
 def _munge_secret(endpoint: str, name: str) -> str:

@@ -208,7 +208,7 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, ti
             failure = plan.cloud_failure(result)
             if failure:
                 out = upper / plan.CLOUD_OUTPUT_LOG.lstrip("/")
-                tail = plan.last_lines(out.read_text(errors="replace"), 3) if out.exists() else "(no output)"
+                tail = plan.user_data_output(out.read_text(errors="replace")) if out.exists() else "(no output)"
                 stop(proc.pid)
                 raise LaunchError(f"{node}'s user data failed: {tail}; cloud-init status: error ({failure}); "
                                   f"output: {out}")
@@ -218,7 +218,7 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, ti
         time.sleep(0.1)
     answering = _banner(address)
     stop(proc.pid)
-    # The console's last lines in the message: a failed `launch local up` removes the cluster, the log with it.
+    # The console's last lines in the message: a failed `launch local up` removes the cluster (its logs kept aside).
     raise LaunchError(f"{node} did not finish booting within {timeout_s:.0f} s (cloud-init "
                       f"{'done' if result is not None else 'not done'}, ssh on {address}:22 "
                       f"{'answering' if answering else 'not answering'}); its console's last lines: "
