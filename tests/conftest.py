@@ -64,9 +64,15 @@ def pytest_sessionfinish(session, exitstatus):
 # (pytest-dev/pytest-xdist#1386: it renames the tests' ids, which pytest no longer lets it), so the grouping is a
 # scheduler of its own, LoadScopeScheduling's with the group as its scope.
 TIMING_MODULES = {"test_data_interrupt", "test_local_exec_interrupt", "test_ssh_keepalive"}
+# Cluster modules whose clusters are sshd processes on 127.0.0.1 (`launch local up --loopback`), on ports the kernel
+# hands out: no subnet, bridge or namespace to race a rehearsal cluster for, so they run beside the serial group. That
+# group is the suite's critical path (40 of 40.5 minutes on 2026-11-28, the other process idle for its last 19).
+LOOPBACK_MODULES = {"test_local_cluster", "test_local_kill", "test_awsrun_nodes"}
 
 
 def scope_of(module: str, source: str, aws_modules) -> str:
+    if module in LOOPBACK_MODULES:
+        return module
     if "mark.cluster" in source or module in TIMING_MODULES:
         return "serial"
     return "aws" if module in aws_modules else module
