@@ -323,3 +323,10 @@ def test_a_failed_user_datas_own_last_lines_are_what_the_error_says_not_cloud_in
     assert plan.user_data_output(silent) == "(no output)"
     # a log without the final stage's banner (cut short): its last lines, cloud-init's own left out
     assert plan.user_data_output("boom\n2026-11-28 15:12:33,850 - util.py[WARNING]: failed\n") == "boom"
+
+
+def test_a_nodes_clocks_start_about_a_second_into_its_boot_and_never_below_zero():
+    assert plan.clock_offsets(7671.9, 7600.2) == (-7670, -7599)
+    assert plan.clock_offsets(0.4, 0.0) == (0, 0)  # a machine that has just booted: nothing to take away
+    cmd = plan.boot_command("st-ab-node0", "/cg", "/s/n/boot.sh", (-7670, -7599))[2]
+    assert "unshare --cgroup --mount --uts --ipc --pid --time --boottime=-7670 --monotonic=-7599 --fork" in cmd

@@ -125,7 +125,8 @@ def test_nodes_boot_as_instances_of_the_image_boot(home):
             "t=$(curl -sf -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token)"
             " && curl -sf -H \"X-aws-ec2-metadata-token: $t\" http://169.254.169.254/latest/meta-data/local-ipv4; echo",
             "awk '/^CapBnd/ {print $2}' /proc/1/status", "systemctl show -p LoadState --value chrony",
-            "systemctl show -p ConditionResult --value chrony"]),
+            "systemctl show -p ConditionResult --value chrony", "cut -d. -f1 /proc/uptime",
+            "scontrol show node $(hostname) 2>/dev/null | grep -o 'BootTime=[^ ]*' || echo none"]),
             check=True).stdout.split("\n")
         address = next(n["address"] for n in [*cluster_state(home)["nodes"], cluster_state(home)["head"]]
                        if n["name"] == node)
@@ -140,6 +141,15 @@ def test_nodes_boot_as_instances_of_the_image_boot(home):
         bounding = int(said[11], 16)
         assert not bounding & (1 << 25) and not bounding & (1 << 16) and bounding & (1 << 21), (node, said)
         assert said[12:14] == ["loaded", "no"], (node, said)
+        # The node's clocks are its own (a time namespace: plans/rehearsal.clock_offsets): its uptime is since its
+        # boot, not this machine's, and Slurm records that boot (BootTime), as for an instance booted minutes ago.
+        with open("/proc/uptime") as f:
+            host_up = float(f.read().split()[0])
+        up = int(said[14])
+        assert up < 1800 and (up < host_up - 30 or host_up < 600), (node, said[14], host_up)
+        if daemon == "slurmd":
+            booted = time.mktime(time.strptime(said[15].split("=", 1)[1], "%Y-%m-%dT%H:%M:%S"))
+            assert abs((time.time() - up) - booted) < 120, (node, said[14:16])
     # A job's locked-memory limit is slurmd's, not that of the shell that submitted it (PropagateResourceLimits-
     # Except=MEMLOCK): submitted from a shell limited to 64 KiB, the job has slurmd's. (This machine's processes lack
     # CAP_SYS_RESOURCE, so slurmd's own stays at the machine's; on an instance it is the unit's infinity.)

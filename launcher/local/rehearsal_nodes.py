@@ -187,7 +187,8 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, ti
     console = node_dir / "console.log"
     with open(console, "ab") as out:
         start = out.tell()
-        proc = subprocess.Popen(plan.boot_command(netns, str(cgroup), str(script)), stdin=subprocess.DEVNULL,
+        offsets = plan.clock_offsets(time.clock_gettime(time.CLOCK_BOOTTIME), time.clock_gettime(time.CLOCK_MONOTONIC))
+        proc = subprocess.Popen(plan.boot_command(netns, str(cgroup), str(script), offsets), stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     (node_dir / "unshare.pid").write_text(f"{proc.pid}\n")  # before waiting: a crash mid-boot still finds it
 

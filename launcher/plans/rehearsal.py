@@ -393,11 +393,26 @@ def boot_script(*, node: str, lowerdirs: list[str], upper: str, work: str, merge
         ""])
 
 
-def boot_command(netns: str, cgroup: str, script: str) -> list[str]:
+def clock_offsets(boottime_s: float, monotonic_s: float) -> tuple[int, int]:
+    """The node's time namespace offsets (time_namespaces(7): /proc/PID/timens_offsets, `unshare --boottime
+    --monotonic`) for this machine's CLOCK_BOOTTIME and CLOCK_MONOTONIC now: both clocks start about a second into
+    the node's boot, as on an instance that has just booted, never below zero (the kernel refuses a negative clock).
+    A node's uptime is then its own: slurmd reports it (sysinfo(2)) as the node's boot time, and slurmctld takes a
+    batch job its batch node no longer reports, booted since, for lost and requeues it (_purge_missing_jobs, "missing
+    from batch node ... not found BatchStartTime after startup"), as for a replacement instance on EC2. With this
+    machine's uptime a replacement under the same name looked like the old node still up, and the job stayed
+    "running" on a node that was gone (CI and a fresh clone, 2026-11-28: test_a_run_outlives_its_launcher...)."""
+    return -max(0, int(boottime_s) - 1), -max(0, int(monotonic_s) - 1)
+
+
+def boot_command(netns: str, cgroup: str, script: str, offsets: tuple[int, int] = (0, 0)) -> list[str]:
     """What this machine runs to boot a node: move into the node's cgroup (first: `ip netns exec` remounts /sys,
     where this machine's cgroup2 hierarchy is no longer mounted), then into its network namespace, then unshare the
-    rest (the cgroup namespace among them, so its root is the node's cgroup) and run :func:`boot_script`."""
+    rest (the cgroup namespace among them, so its root is the node's cgroup; a time namespace with `offsets`, from
+    :func:`clock_offsets`) and run :func:`boot_script`."""
+    boottime, monotonic = offsets
     inner = shlex.join(["ip", "netns", "exec", netns, "unshare", "--cgroup", "--mount", "--uts", "--ipc", "--pid",
+                        "--time", f"--boottime={boottime}", f"--monotonic={monotonic}",
                         "--fork", "--kill-child", "--", "bash", script])
     return ["bash", "-c", f"echo $$ > {shlex.quote(cgroup + '/cgroup.procs')} && exec {inner}"]
 
