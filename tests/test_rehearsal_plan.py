@@ -321,6 +321,9 @@ def test_a_failed_user_datas_own_last_lines_are_what_the_error_says_not_cloud_in
     # a user data that printed nothing: cloud-init's lines are not passed off as its output
     silent = CLOUD_INIT_OUTPUT.replace("+ install -d /fsx\n+ mount /fsx\nmount: /fsx: mount failed\n", "")
     assert plan.user_data_output(silent) == "(no output)"
+    # the log cut short at the final stage's banner: nothing of the banner's own line passed off as output either
+    banner_only = "Cloud-init v. 22.4.2 running 'modules:final' at Sat. Up 1.0 seconds."
+    assert plan.user_data_output(banner_only) == "(no output)"
     # a log without the final stage's banner (cut short): its last lines, cloud-init's own left out
     assert plan.user_data_output("boom\n2026-11-28 15:12:33,850 - util.py[WARNING]: failed\n") == "boom"
 

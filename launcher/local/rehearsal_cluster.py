@@ -25,7 +25,7 @@ from pathlib import Path
 from ami import paths
 from infra import policies
 from launcher import render
-from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, load, save
+from launcher.cluster import Cluster, Node, RehearsalInfo, cluster_dir, load, save, state_root
 from launcher.errors import LaunchError
 from launcher.files import keygen, write_atomic
 from launcher.local import faults, keeper
@@ -335,8 +335,6 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
 def _keep_logs(d: Path, name: str) -> Path | None:
     """Copy what says why `up` failed (plan.KEPT_LOGS) out of the cluster's directory before it is removed, into
     FAILED_DIR/NAME (an earlier failure's there replaced); None when there was nothing to keep."""
-    from launcher.cluster import state_root
-
     found = [p for pattern in plan.KEPT_LOGS for p in d.glob(pattern) if p.is_file()]
     if not found:
         return None

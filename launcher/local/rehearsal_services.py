@@ -23,7 +23,7 @@ from launcher.local import rehearsal_nodes as nodes_
 from launcher.plans import rehearsal as plan
 
 INSTANCES = "instances.json"             # IMDS's map of address -> instance, rewritten as nodes come and go
-LOG = "services.log"
+LOG = plan.SERVICES_LOG
 START_TIMEOUT_S = 20.0
 
 

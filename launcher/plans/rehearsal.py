@@ -441,8 +441,9 @@ def seed_files(*, instance_id: str, hostname: str, user_data: str,
 # console (systemd, cloud-init, the host keys) and cloud-init's own logs, and the services' log (IMDS, the account,
 # the storage host). The error names files here; kept under FAILED_DIR/NAME with the same relative paths.
 FAILED_DIR = "failed"                    # under the state root (~/.scaletrain), beside clusters/
+SERVICES_LOG = "services.log"            # the services' output, in the cluster's directory (rehearsal_services)
 KEPT_LOGS = ("nodes/*/console.log", f"nodes/*/upper{CLOUD_OUTPUT_LOG}", "nodes/*/upper/var/log/cloud-init.log",
-             "services.log")
+             SERVICES_LOG)
 
 
 def kept_path(message: str, cluster: str, kept: str) -> str:
@@ -492,7 +493,7 @@ def user_data_output(log: str, count: int = 3) -> str:
     there), without cloud-init's own lines after it (its module warnings, its "finished at"), which are the same for
     every failure and used to be all the one-line error said."""
     final = list(_FINAL_STAGE.finditer(log))
-    ran = log[final[-1].end():].split("\n", 1)[-1] if final else log
+    ran = log[final[-1].end():].partition("\n")[2] if final else log  # after the banner's own line
     return last_lines("\n".join(ln for ln in ran.splitlines() if not _CLOUD_INIT_OWN.match(ln)), count)
 
 
