@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from clusterutil import assert_one_line_error, cluster_state, launch, tiny_shards
 
+from launcher.plans import bootlog
 from launcher.plans import rehearsal as plan
 
 pytestmark = [pytest.mark.cluster,
@@ -296,7 +297,7 @@ def test_a_node_whose_user_data_fails_is_one_line_and_up_keeps_only_its_logs(tmp
     with pytest.raises(LaunchError) as raised:
         rc.up(1, 0, "baduser")
     said = str(raised.value)
-    kept = home / plan.FAILED_DIR / "baduser"
+    kept = home / bootlog.FAILED_DIR / "baduser"
     output = kept / "nodes/node0/upper/var/log/cloud-init-output.log"
     assert "\n" not in said and said.startswith("node0's user data failed: "), said
     assert "mount: /fsx: mount failed" in said and "cloud-init status: error" in said and "scripts-user" in said, said

@@ -10,6 +10,7 @@ from golden import assert_golden
 
 from ami import paths, render
 from launcher.errors import LaunchError
+from launcher.plans import bootlog
 from launcher.plans import rehearsal as plan
 
 VERSIONS = render.load_versions()
@@ -187,8 +188,8 @@ def test_the_seed_is_what_nocloud_reads(tmp_path):
 
 
 def test_cloud_inits_result_names_what_failed():
-    assert plan.cloud_failure({"v1": {"datasource": "DataSourceNoCloud", "errors": []}}) is None
-    assert plan.cloud_failure({"v1": {"errors": ["('scripts_user', RuntimeError('failed'))"]}}) == (
+    assert bootlog.cloud_failure({"v1": {"datasource": "DataSourceNoCloud", "errors": []}}) is None
+    assert bootlog.cloud_failure({"v1": {"errors": ["('scripts_user', RuntimeError('failed'))"]}}) == (
         "('scripts_user', RuntimeError('failed'))")
 
 
@@ -293,11 +294,11 @@ def test_nodes_are_refused_in_one_line_when_roots_inotify_instances_would_run_ou
 
 def test_a_failed_ups_paths_are_rewritten_to_where_its_logs_were_kept():
     said = "node0's user data failed: boom; output: /h/clusters/c/nodes/node0/upper/var/log/cloud-init-output.log"
-    assert plan.kept_path(said, "/h/clusters/c", "/h/failed/c") == (
+    assert bootlog.kept_path(said, "/h/clusters/c", "/h/failed/c") == (
         "node0's user data failed: boom; output: /h/failed/c/nodes/node0/upper/var/log/cloud-init-output.log")
-    assert plan.kept_path("log: /h/clusters/cc/services.log", "/h/clusters/c", "/h/failed/c") == (
+    assert bootlog.kept_path("log: /h/clusters/cc/services.log", "/h/clusters/c", "/h/failed/c") == (
         "log: /h/clusters/cc/services.log")  # another cluster's directory is not this one's
-    assert all(not p.startswith("/") for p in plan.KEPT_LOGS)
+    assert all(not p.startswith("/") for p in bootlog.KEPT_LOGS)
 
 
 CLOUD_INIT_OUTPUT = """Cloud-init v. 22.4.2 running 'init-local' at Sat, 28 Nov 2026 15:12:31 +0000. Up 3977.21 seconds.
@@ -316,16 +317,16 @@ Cloud-init v. 22.4.2 finished at Sat, 28 Nov 2026 15:12:33 +0000. Datasource Dat
 
 
 def test_a_failed_user_datas_own_last_lines_are_what_the_error_says_not_cloud_inits():
-    assert plan.user_data_output(CLOUD_INIT_OUTPUT) == "+ install -d /fsx | + mount /fsx | mount: /fsx: mount failed"
-    assert plan.user_data_output(CLOUD_INIT_OUTPUT, 1) == "mount: /fsx: mount failed"
+    assert bootlog.user_data_output(CLOUD_INIT_OUTPUT) == "+ install -d /fsx | + mount /fsx | mount: /fsx: mount failed"
+    assert bootlog.user_data_output(CLOUD_INIT_OUTPUT, 1) == "mount: /fsx: mount failed"
     # a user data that printed nothing: cloud-init's lines are not passed off as its output
     silent = CLOUD_INIT_OUTPUT.replace("+ install -d /fsx\n+ mount /fsx\nmount: /fsx: mount failed\n", "")
-    assert plan.user_data_output(silent) == "(no output)"
+    assert bootlog.user_data_output(silent) == "(no output)"
     # the log cut short at the final stage's banner: nothing of the banner's own line passed off as output either
     banner_only = "Cloud-init v. 22.4.2 running 'modules:final' at Sat. Up 1.0 seconds."
-    assert plan.user_data_output(banner_only) == "(no output)"
+    assert bootlog.user_data_output(banner_only) == "(no output)"
     # a log without the final stage's banner (cut short): its last lines, cloud-init's own left out
-    assert plan.user_data_output("boom\n2026-11-28 15:12:33,850 - util.py[WARNING]: failed\n") == "boom"
+    assert bootlog.user_data_output("boom\n2026-11-28 15:12:33,850 - util.py[WARNING]: failed\n") == "boom"
 
 
 def test_a_nodes_clocks_start_about_a_second_into_its_boot_and_never_below_zero():

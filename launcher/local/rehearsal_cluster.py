@@ -34,7 +34,7 @@ from launcher.local import rehearsal_nodes as nodes_
 from launcher.local import rehearsal_root as rh
 from launcher.local import rehearsal_services as services_
 from launcher.local.backend import cpus_per_node, node_names
-from launcher.plans import imds, slurm
+from launcher.plans import bootlog, imds, slurm
 from launcher.plans import rehearsal as plan
 
 HEAD = "head"                   # the head node's name (and host name) on a local cluster with Slurm
@@ -327,18 +327,18 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         kept = _keep_logs(d, name)
         remove(d)
         if isinstance(e, LaunchError) and kept is not None:
-            raise LaunchError(f"{plan.kept_path(str(e), str(d), str(kept))} (logs kept in {kept})") from None
+            raise LaunchError(f"{bootlog.kept_path(str(e), str(d), str(kept))} (logs kept in {kept})") from None
         raise
     return c
 
 
 def _keep_logs(d: Path, name: str) -> Path | None:
-    """Copy what says why `up` failed (plan.KEPT_LOGS) out of the cluster's directory before it is removed, into
+    """Copy what says why `up` failed (bootlog.KEPT_LOGS) out of the cluster's directory before it is removed, into
     FAILED_DIR/NAME (an earlier failure's there replaced); None when there was nothing to keep."""
-    found = [p for pattern in plan.KEPT_LOGS for p in d.glob(pattern) if p.is_file()]
+    found = [p for pattern in bootlog.KEPT_LOGS for p in d.glob(pattern) if p.is_file()]
     if not found:
         return None
-    kept = state_root() / plan.FAILED_DIR / name
+    kept = state_root() / bootlog.FAILED_DIR / name
     try:
         shutil.rmtree(kept, ignore_errors=True)
         for p in found:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from launcher.errors import LaunchError
 from launcher.local.rehearsal_root import Layers, run_tool
+from launcher.plans import bootlog
 from launcher.plans import rehearsal as plan
 
 # -- the network and the nodes ---------------------------------------------------------------------------------------
@@ -200,16 +201,16 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, ti
     result = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise LaunchError(f"{node} did not boot (exit {proc.returncode}): {plan.last_lines(this_boot())}")
+            raise LaunchError(f"{node} did not boot (exit {proc.returncode}): {bootlog.last_lines(this_boot())}")
         if result is None:
             f = node_file(proc.pid, plan.CLOUD_RESULT)
             with contextlib.suppress(OSError, ValueError):
                 result = json.loads(f.read_text()) if f else None
         if result is not None:
-            failure = plan.cloud_failure(result)
+            failure = bootlog.cloud_failure(result)
             if failure:
                 out = upper / plan.CLOUD_OUTPUT_LOG.lstrip("/")
-                tail = plan.user_data_output(out.read_text(errors="replace")) if out.exists() else "(no output)"
+                tail = bootlog.user_data_output(out.read_text(errors="replace")) if out.exists() else "(no output)"
                 stop(proc.pid)
                 raise LaunchError(f"{node}'s user data failed: {tail}; cloud-init status: error ({failure}); "
                                   f"output: {out}")
@@ -223,7 +224,7 @@ def boot(node: str, netns: str, address: str, layers: Layers, node_dir: Path, ti
     raise LaunchError(f"{node} did not finish booting within {timeout_s:.0f} s (cloud-init "
                       f"{'done' if result is not None else 'not done'}, ssh on {address}:22 "
                       f"{'answering' if answering else 'not answering'}); its console's last lines: "
-                      f"{plan.last_lines(this_boot())}")
+                      f"{bootlog.last_lines(this_boot())}")
 
 
 def _banner(address: str) -> bool:

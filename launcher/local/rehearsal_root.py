@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ami import render
 from launcher.errors import LaunchError
+from launcher.plans import bootlog
 from launcher.plans import rehearsal as plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def run_tool(cmd: list[str], what: str, *, log: Path | None = None, timeout: flo
         with open(log, "a") as f:
             f.write(f"$ {' '.join(cmd)}\n{proc.stdout}")
     if proc.returncode != 0:
-        raise LaunchError(f"{what} failed (exit {proc.returncode}): {plan.last_lines(proc.stdout)}")
+        raise LaunchError(f"{what} failed (exit {proc.returncode}): {bootlog.last_lines(proc.stdout)}")
     return proc.stdout
 
 
