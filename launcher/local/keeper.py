@@ -163,8 +163,12 @@ def main(name: str) -> int:
             say(f"replacing {', '.join(lost)} failed: {type(e).__name__}: {e}; trying again")
             time.sleep(INTERVAL_S)
             continue
-        for n in lost:
-            say(f"{n} replaced: {new.node(n).address}, in {time.monotonic() - started:.1f} s")
+        for n in lost:  # a replacement is a new instance at a new address; the same address is the node itself,
+            # back from a reboot (`launch local reboot`) before its replacement began
+            if new.node(n).address != c.node(n).address:
+                say(f"{n} replaced: {new.node(n).address}, in {time.monotonic() - started:.1f} s")
+            else:
+                say(f"{n} is back by itself (rebooted): not replaced")
     say("stopped")
     return 0
 
