@@ -49,6 +49,11 @@ def cluster_state(home: Path, name: str = "local") -> dict:
     return json.loads((home / "clusters" / name / "cluster.json").read_text())
 
 
+def node_cpus(home: Path, node: str, name: str = "local") -> int:
+    """The vCPUs the cluster gave a node (its cgroup's quota)."""
+    return next(n["cpus"] for n in cluster_state(home, name)["nodes"] if n["name"] == node)
+
+
 def alive(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()

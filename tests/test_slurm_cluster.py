@@ -25,6 +25,7 @@ from clusterutil import (
     launch,
     launch_background,
     needs_root,
+    node_cpus,
     node_run,
     on_host,
     put_on_shared,
@@ -220,7 +221,7 @@ def test_each_node_ran_the_stacks_own_user_data_for_its_role(home):
                                            cgroup_plugin=slurm.REHEARSAL_CGROUP_PLUGIN,
                                            slurm_version=slurm.REHEARSAL_SLURM)
     for node, role in (("node0", "worker"), ("reducer0", "reducer")):
-        cpus = next(n["cpus"] for n in state["nodes"] if n["name"] == node)
+        cpus = node_cpus(home, node)
         health = slurm.health_check_argv(python=state["python"], backend="local", mpirun=state["mpirun"],
                                          shared_mount=plan.SHARED_MOUNT)
         assert ran[node] == boot.node_script(region=plan.REGION, secret_id=r["secret"],
@@ -385,7 +386,7 @@ def test_a_node_held_to_30_percent_of_its_cpu_is_named_a_straggler_with_its_phas
     # the machine's cores, so on a machine of 8 cores each node has 2 or more, and a rank of this tiny model keeps
     # barely more than one of them busy: 30% of 2+ vCPUs hardly slowed it (CI: node1 at 1.3x, unnamed). Held to 30%
     # of one vCPU, node1's rank is at least 3x slower than node0's whatever the machine.
-    cpus = next(n["cpus"] for n in cluster_state(home)["nodes"] if n["name"] == "node1")
+    cpus = node_cpus(home, "node1")
     launch(home, "local", "fault", "node1", "--cpu", f"{0.3 / cpus:.4f}", check=True)
     throttled = ""
     try:
@@ -481,7 +482,7 @@ def test_a_straggler_drained_mid_run_is_replaced_and_the_run_finishes_every_epoc
         wait_for(lambda: steps() >= 2, 300, 0.2)   # mid-run: past the first steps' start-up
         throttled_at = steps()
         # 15% of one vCPU whatever the node has (see the 30% test: a share of a node of several barely slows it)
-        cpus = next(n["cpus"] for n in cluster_state(home)["nodes"] if n["name"] == "node1")
+        cpus = node_cpus(home, "node1")
         launch(home, "local", "fault", "node1", "--cpu", f"{0.15 / cpus:.4f}", check=True)
         in_force_at = steps()  # the command's own start-up, on cores the ranks keep busy, may take steps
         try:
