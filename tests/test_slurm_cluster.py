@@ -352,6 +352,41 @@ def test_a_run_outlives_its_launcher_and_a_lost_node(home):
     assert f"node1 replaced: {after}" in keeper and after != before  # a new instance, a new address
 
 
+def test_a_batch_job_whose_node_is_lost_in_its_first_seconds_is_requeued_as_the_replacement_registers(home):
+    """Slurm requeues a batch job missing from its batch node only at that node's registration, and spares one that
+    started less than 20 s before (BatchStartTimeout + MessageTimeout, slurmctld's _purge_missing_jobs); the
+    controller asks a node to register again only about every 400 s. A replacement registering under the lost
+    node's name inside those 20 s requeues the job itself (plans/slurm.lost_batch_requeue): before, the job stayed
+    "running" on no instance for minutes (fresh clone: the lost-launcher test, node1 replaced 19 s after the job
+    started)."""
+    ssh = ["ssh", "-F", str(home / "clusters/local/ssh_config"), "head"]
+
+    def on_head(command: str) -> str:
+        return subprocess.run([*ssh, command], capture_output=True, text=True, timeout=60).stdout
+
+    wait_for(lambda: on_head("sinfo --noheader -n node1 -o %T").strip() == "idle", 300)
+    job_id = on_head("sbatch --parsable --requeue -N1 -w node1 --wrap 'sleep 600'").strip()
+    assert job_id.isdigit(), job_id
+    try:
+        wait_for(lambda: "JobState=RUNNING" in on_head(f"scontrol show job {job_id}"), 60, 0.2)
+        started = time.monotonic()
+        launch(home, "local", "kill", "node1", check=True)
+        replaced = home / "clusters/local/nodes/node1/upper/var/log/cloud-init-output.log"
+        try:
+            wait_for(lambda: "Restarts=1" in on_head(f"scontrol show job {job_id}"), 90)
+        except AssertionError:
+            raise AssertionError(f"job {job_id} not requeued within 90 s of node1's loss\n"
+                                 + on_head(f"scontrol show job {job_id}; sinfo -N; tail -n 20 "
+                                           "/var/log/slurm/slurmctld.log")
+                                 + (home / "clusters/local/keeper.log").read_text()
+                                 + "\n".join(replaced.read_text().splitlines()[-15:])) from None
+        print(f"lost in its first seconds, requeued {time.monotonic() - started:.1f} s after the job started")
+        assert f"requeueing job {job_id}: its batch script was on the instance this one replaces" in \
+            replaced.read_text()
+    finally:
+        on_head(f"scancel {job_id}")
+
+
 def test_ctrl_c_detaches_and_a_second_run_queues_behind_the_first(home):
     first = launch_background(home, "train", "--data", SHARDS, "--epochs", "30", *TINY, "--output",
                               node_run("first"))

@@ -78,10 +78,11 @@ def test_worker_registers_itself_with_the_controller():
     slurmd = next(i for i, c in enumerate(cmds) if "enable --now" in c and slurm.SLURMD_SERVICE in c)
     munge = next(i for i, c in enumerate(cmds) if "enable --now" in c and "munge.service" in c)
     assert env < slurmd and munge < slurmd  # munged authenticates slurmd's registration
-    # After registering, a replacement under a known name sets its own address and returns itself from DOWN.
-    assert cmds[-2:] == slurm.rejoin_commands("10.213.0.2")
-    rejoin = cmds[-2:]
-    assert "NodeAddr=10.213.0.2" in rejoin[0] and "State=RESUME" in rejoin[1]
+    # After registering, a replacement under a known name sets its own address, returns itself from DOWN, and
+    # requeues the batch jobs its predecessor held.
+    assert cmds[-3:] == slurm.rejoin_commands("10.213.0.2")
+    rejoin = cmds[-3:]
+    assert "NodeAddr=10.213.0.2" in rejoin[0] and "State=RESUME" in rejoin[1] and "scontrol requeue" in rejoin[2]
     assert any("Feature=reducer" in c for c in _boot(role="reducer", cpus=4, address="10.0.0.9"))
 
 
@@ -236,7 +237,7 @@ def test_a_worker_writes_its_unit_and_options_then_enables_munge_and_slurmd(tmp_
     wait, rejoin = at("systemctl is-active --quiet slurmd.service"), at("scontrol update NodeName=")
     assert key < unit < reload and env < reload < munge < slurmd < wait < rejoin
     assert at(f"> {slurm.HEALTH_CHECK}") < slurmd  # slurmd runs the check as it starts
-    assert cmds[-2:] == slurm.rejoin_commands("10.0.0.2")
+    assert cmds[-3:] == slurm.rejoin_commands("10.0.0.2")
     assert not [c for c in cmds if c.startswith(("/usr/sbin/", "runuser"))]  # nothing started by hand
     _run_writes(cmds, tmp_path)
     written = tmp_path / slurm.SLURMD_ENV.lstrip("/")
@@ -467,3 +468,58 @@ def test_on_straggler_drain_reaches_the_step_and_warn_adds_nothing():
 def test_forward_by_name_touches_only_the_named_exports():
     assert slurm.forward_by_name(["mpirun", "-x", "A=1", "-x", "B=2", "prog", "A=3"], ("A", "C")) == \
         ["mpirun", "-x", "A", "-x", "B=2", "prog", "A=3"]
+
+
+def test_a_replacement_requeues_only_the_batch_jobs_started_before_its_own_slurmd(tmp_path):
+    """Run the requeue line with bash against what `scontrol` and `squeue` print. The instance booted 100 s ago;
+    until its slurmd registers, the controller's record is the predecessor's (started before the boot), and the line
+    waits. Then node1's slurmd started at T: a job whose batch script node1 held, started a second before T, is its
+    predecessor's and requeued; one started a second after is this instance's own, and a job whose batch host is
+    node0 is node0's to see fail; neither is touched."""
+    import datetime
+    import subprocess
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def ago(seconds: int) -> str:
+        return (now - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "shows"
+
+    def fakes(show_node: str, squeue: str) -> None:
+        for name, body in {
+            "squeue": squeue,
+            "scontrol": f"if [ \"$1\" = show ]; then echo x >> {calls}; {show_node}; "
+                        f"else echo \"$@\" >> {tmp_path}/updates; fi",
+            "hostname": "echo node1",
+            "cut": "if [ \"$*\" = '-d. -f1 /proc/uptime' ]; then echo 100; else exec /usr/bin/cut \"$@\"; fi",
+            "sleep": "true",
+        }.items():
+            (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+            (bin_dir / name).chmod(0o755)
+
+    def run(wait_s: int = 30) -> tuple[str, str]:
+        calls.unlink(missing_ok=True)
+        out = subprocess.run(["bash", "-euo", "pipefail", "-c", slurm.lost_batch_requeue("$(hostname -s)", wait_s)],
+                             check=True, capture_output=True, text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+        updates = tmp_path / "updates"
+        said = updates.read_text() if updates.exists() else ""
+        updates.unlink(missing_ok=True)
+        return said, out.stdout
+
+    jobs = f"echo '7 node1 {ago(96)}'; echo '8 node1 {ago(94)}'; echo '9 node0 {ago(300)}'"
+    # the predecessor's record (its slurmd started 200 s ago) for two looks, then this instance's (95 s ago)
+    fakes(f"if [ $(wc -l < {calls}) -le 2 ]; then s={ago(200)}; else s={ago(95)}; fi; "
+          "echo 'NodeName=node1 Arch=x86_64'; echo \"   LastBusyTime=x SlurmdStartTime=$s\"", jobs)
+    said, out = run()
+    assert said == "requeue 7\n", out
+    assert "requeueing job 7: its batch script was on the instance this one replaces" in out
+    assert calls.read_text().count("x") == 3  # waited for this instance's registration
+    # the predecessor's record throughout (this slurmd never registered): nothing is requeued
+    fakes(f"echo 'NodeName=node1 SlurmdStartTime={ago(200)}'", jobs)
+    assert run(wait_s=3) == ("", "")
+    # a name Slurm does not know (a replacement's new host name on AWS, not registered): nothing, the boot goes on
+    fakes("echo 'Node node1 not found' >&2; exit 1", "echo 'squeue: error: Invalid node name specified' >&2; exit 1")
+    assert run(wait_s=3) == ("", "")
