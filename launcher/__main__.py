@@ -74,8 +74,11 @@ def run(argv: list[str] | None = None) -> int:
     if main is None:
         print("error: interrupted", file=sys.stderr)
         return 130
+    from launcher.loading import noting_interrupts
+
     try:
-        code = main(argv)
+        with noting_interrupts():
+            code = main(argv)
         sys.stdout.flush()
     except (BrokenPipeError, SystemExit) as e:
         if not _broken_pipe(e):

@@ -35,3 +35,34 @@ def held_back() -> Iterator[None]:
             _signal.signal(_signal.SIGINT, previous)
     if came:
         raise KeyboardInterrupt
+
+
+_NOTED: list[int] = []
+
+
+def _noting(signum, frame) -> None:
+    _NOTED.append(signum)
+    _signal.default_int_handler(signum, frame)
+
+
+@contextlib.contextmanager
+def noting_interrupts() -> Iterator[None]:
+    """Python's own Ctrl-C (a KeyboardInterrupt where the program is) while the block runs, also counted: one raised
+    inside a C extension's call back into Python may come out as the extension's own error, the interrupt gone
+    (matplotlib's Agg renderer drawing `launch cost`'s plots: `ValueError: Invalid bounding box`, a fresh clone's
+    Ctrl-C test, 2026-11-28), and the command must still end as interrupted (:func:`interrupts`). Only where Python's
+    own handler is in place, on the main thread; the caller's handler is back after the block."""
+    previous = _signal.getsignal(_signal.SIGINT)
+    ours = previous is _signal.default_int_handler and threading.current_thread() is threading.main_thread()
+    if ours:
+        _signal.signal(_signal.SIGINT, _noting)
+    try:
+        yield
+    finally:
+        if ours:
+            _signal.signal(_signal.SIGINT, previous)
+
+
+def interrupts() -> int:
+    """How many Ctrl-Cs came inside :func:`noting_interrupts` blocks."""
+    return len(_NOTED)

@@ -68,3 +68,25 @@ def test_importing_or_running_the_entry_point_leaves_the_callers_ctrl_c_as_it_wa
     assert entry.run(["cost", "--help"]) == 0
     assert signal.getsignal(signal.SIGINT) is before
     capsys.readouterr()
+
+
+def test_a_ctrl_c_a_c_extension_turns_into_its_own_error_still_ends_the_command_as_interrupted(tmp_path):
+    """matplotlib's Agg renderer, interrupted while it called back into Python, raised `ValueError: Invalid bounding
+    box` with the KeyboardInterrupt gone, and `launch cost` ended with a traceback and status 1 (fresh clone,
+    2026-11-28). The same, deterministically: the report's writer interrupted where it swallows the interrupt."""
+    script = f"""
+import os, signal, sys
+from launcher.cost import report
+def swallowing(*args, **kwargs):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        import time; time.sleep(5)  # the handler raises KeyboardInterrupt here
+    except KeyboardInterrupt:
+        raise ValueError("Invalid bounding box") from None
+report.write_report = swallowing
+from launcher.__main__ import run
+sys.exit(run(["cost", "--out", {str(tmp_path / "report")!r}]))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "SCALETRAIN_HOME": str(tmp_path)})
+    assert (proc.returncode, proc.stderr.strip()) == (130, "error: interrupted"), proc.stderr[-2000:]

@@ -12,6 +12,7 @@ from launcher.cli import cluster, data, doctor, jobs, local, plan, train
 from launcher.cli import exec as exec_
 from launcher.cli import run as run_
 from launcher.errors import Detached, LaunchError
+from launcher.loading import interrupts
 
 
 class Group(typer.core.TyperGroup):
@@ -41,6 +42,7 @@ app.add_typer(data.app, name="data", cls=Group)
 
 
 def main(argv: list[str] | None = None) -> int:
+    before = interrupts()
     try:
         rv = app(args=argv, prog_name="launch", standalone_mode=False)
     except click.UsageError as e:
@@ -55,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Exception:
+        if interrupts() > before:  # a Ctrl-C a C extension turned into its own error (launcher/loading.py)
+            print("error: interrupted", file=sys.stderr)
+            return 130
+        raise
     if rv == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a silent Exit(130) outside standalone mode
         print("error: interrupted", file=sys.stderr)
     return rv if isinstance(rv, int) else 0
