@@ -878,9 +878,12 @@ def test_a_node_that_fails_its_health_check_drains_itself_and_a_replacement_retu
     assert state("node1") == "drained"
     reasons = on("head", "sinfo -R --noheader -o '%n|%E'").stdout
     assert "node1|scaletrain health: shared storage" in reasons, reasons
+    before = cluster_state(home)["nodes"][1]["address"]
     launch(home, "local", "kill", "node1", check=True)  # as an Auto Scaling group replaces an unhealthy instance
-    wait_for(lambda: state("node1") == "idle", 120)
-    assert on("node1", slurm.HEALTH_CHECK).returncode == 0
+    # back in service as its user data resumes it, and reachable once the keeper has recorded the new instance
+    wait_for(lambda: state("node1") == "idle" and cluster_state(home)["nodes"][1]["address"] != before, 120)
+    again = on("node1", slurm.HEALTH_CHECK)
+    assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_a_controller_that_does_not_answer_is_one_line(home):
