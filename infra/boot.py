@@ -214,7 +214,7 @@ def slurmd_line(*, controller_addr: str, role: str, cpus: int, address_variable:
     """:func:`launcher.plans.slurm.worker_boot_commands` with the node's own address taken from a shell variable at
     boot: rendered as a placeholder, which becomes the variable wherever it lands (the ``--conf`` value in slurmd's
     environment file, written as one single-quoted ``printf`` word; the replacement's own NodeAddr update,
-    :func:`launcher.plans.slurm.rejoin_commands`, a bare word), so the shell expands it and each value stays one
+    :func:`launcher.plans.slurm_rejoin.rejoin_commands`, a bare word), so the shell expands it and each value stays one
     word."""
     commands = slurm.worker_boot_commands(slurm_version or image_slurm(), controller_addr=controller_addr, role=role,
                                           cpus=cpus, address=_NODE_ADDR, health_check=health_check)

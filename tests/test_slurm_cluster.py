@@ -356,9 +356,9 @@ def test_a_batch_job_whose_node_is_lost_in_its_first_seconds_is_requeued_as_the_
     """Slurm requeues a batch job missing from its batch node only at that node's registration, and spares one that
     started less than 20 s before (BatchStartTimeout + MessageTimeout, slurmctld's _purge_missing_jobs); the
     controller asks a node to register again only about every 400 s. A replacement registering under the lost
-    node's name inside those 20 s requeues the job itself (plans/slurm.lost_batch_requeue): before, the job stayed
-    "running" on no instance for minutes (fresh clone: the lost-launcher test, node1 replaced 19 s after the job
-    started)."""
+    node's name inside those 20 s requeues the job itself (plans/slurm_rejoin.lost_batch_requeue): before, the job
+    stayed "running" on no instance for minutes (fresh clone: the lost-launcher test, node1 replaced 19 s after the
+    job started)."""
     ssh = ["ssh", "-F", str(home / "clusters/local/ssh_config"), "head"]
 
     def on_head(command: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from golden import assert_golden
 
-from launcher.plans import slurm
+from launcher.plans import slurm, slurm_rejoin
 
 CLUSTER = slurm.SlurmCluster(name="local", controller="head", controller_addr="10.213.0.4", max_nodes=6)
 
@@ -80,7 +80,7 @@ def test_worker_registers_itself_with_the_controller():
     assert env < slurmd and munge < slurmd  # munged authenticates slurmd's registration
     # After registering, a replacement under a known name sets its own address, returns itself from DOWN, and
     # requeues the batch jobs its predecessor held.
-    assert cmds[-3:] == slurm.rejoin_commands("10.213.0.2")
+    assert cmds[-3:] == slurm_rejoin.rejoin_commands("10.213.0.2")
     rejoin = cmds[-3:]
     assert "NodeAddr=10.213.0.2" in rejoin[0] and "State=RESUME" in rejoin[1] and "scontrol requeue" in rejoin[2]
     assert any("Feature=reducer" in c for c in _boot(role="reducer", cpus=4, address="10.0.0.9"))
@@ -237,7 +237,7 @@ def test_a_worker_writes_its_unit_and_options_then_enables_munge_and_slurmd(tmp_
     wait, rejoin = at("systemctl is-active --quiet slurmd.service"), at("scontrol update NodeName=")
     assert key < unit < reload and env < reload < munge < slurmd < wait < rejoin
     assert at(f"> {slurm.HEALTH_CHECK}") < slurmd  # slurmd runs the check as it starts
-    assert cmds[-3:] == slurm.rejoin_commands("10.0.0.2")
+    assert cmds[-3:] == slurm_rejoin.rejoin_commands("10.0.0.2")
     assert not [c for c in cmds if c.startswith(("/usr/sbin/", "runuser"))]  # nothing started by hand
     _run_writes(cmds, tmp_path)
     written = tmp_path / slurm.SLURMD_ENV.lstrip("/")
@@ -378,7 +378,7 @@ def test_a_replacement_returns_itself_from_down_or_drain_only(state, resumes, tm
     (bin_dir / "scontrol").chmod(0o755)
     (bin_dir / "hostname").write_text("#!/bin/bash\necho node1\n")
     (bin_dir / "hostname").chmod(0o755)
-    line = slurm.rejoin_commands("10.0.0.9")[1]
+    line = slurm_rejoin.rejoin_commands("10.0.0.9")[1]
     subprocess.run(["bash", "-euo", "pipefail", "-c", line], check=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
     updates = (tmp_path / "updates").read_text() if (tmp_path / "updates").exists() else ""
     assert ("update NodeName=node1 State=RESUME" in updates) == resumes
@@ -502,8 +502,9 @@ def test_a_replacement_requeues_only_the_batch_jobs_started_before_its_own_slurm
 
     def run(wait_s: int = 30) -> tuple[str, str]:
         calls.unlink(missing_ok=True)
-        out = subprocess.run(["bash", "-euo", "pipefail", "-c", slurm.lost_batch_requeue("$(hostname -s)", wait_s)],
-                             check=True, capture_output=True, text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+        line = slurm_rejoin.lost_batch_requeue("$(hostname -s)", wait_s)
+        out = subprocess.run(["bash", "-euo", "pipefail", "-c", line], check=True, capture_output=True, text=True,
+                             env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
         updates = tmp_path / "updates"
         said = updates.read_text() if updates.exists() else ""
         updates.unlink(missing_ok=True)

@@ -2,7 +2,7 @@
 itself by slurmd every HealthCheckInterval, with no launcher attached. A node that fails one drains itself
 (`scontrol update State=DRAIN`): Slurm lets its running job finish, starts none there, and `sinfo -R` says why,
 as ParallelCluster's and HyperPod's health checks take a bad instance out of service. A replacement instance returns
-itself to service when it registers (launcher/plans/slurm.rejoin_commands).
+itself to service when it registers (launcher/plans/slurm_rejoin.rejoin_commands).
 
 Run as ``python -m launcher.doctor.health --backend local|aws ...`` (launcher/plans/slurm.health_check_argv).
 

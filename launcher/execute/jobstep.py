@@ -117,9 +117,9 @@ WHOLE_WITHIN_S = 90.0
 def wait_whole(hosts: list[str], timeout_s: float | None = None) -> dict[str, str]:
     """Wait until every allocated node's slurmd answers at the address the controller has for it; what still does
     not answer after ``timeout_s`` (WHOLE_WITHIN_S, as it is when called). A replacement registers under its
-    predecessor's name before it has set its own NodeAddr (plans/slurm.rejoin_commands: Slurm 22.05 keeps a dynamic
-    node's old address), and the controller may start a requeued job on it in between: mpirun's daemons would then
-    be sent to the lost instance's address."""
+    predecessor's name before it has set its own NodeAddr (plans/slurm_rejoin.rejoin_commands: Slurm 22.05 keeps a
+    dynamic node's old address), and the controller may start a requeued job on it in between: mpirun's daemons would
+    then be sent to the lost instance's address."""
     deadline = time.monotonic() + (WHOLE_WITHIN_S if timeout_s is None else timeout_s)
     while True:
         silent = unreachable(hosts)

@@ -126,7 +126,7 @@ def to_replace(records: Mapping[str, Mapping[str, str]], replaced: Mapping[str, 
     """The nodes a replacement must stand in for, from `scontrol show node` records (name -> fields): drained with
     one of REPLACED's reasons, and no job left on them. ``replaced``: node -> the SlurmdStartTime of the instance
     already replaced; until the replacement registers (a new SlurmdStartTime, then it returns itself to service:
-    plans/slurm.rejoin_commands) the record still reads drained, and that instance is not replaced twice. A node
+    plans/slurm_rejoin.rejoin_commands) the record still reads drained, and that instance is not replaced twice. A node
     still DRAINING (ALLOCATED+DRAIN, MIXED+DRAIN, or COMPLETING) runs the job that drained it until that job stops
     for its requeue: replaced then, the job would fail as a lost node's does instead of stopping at its checkpoint.
     ("DRAINED: The node is unavailable for use per system administrator request"; "DRAINING: The node is currently

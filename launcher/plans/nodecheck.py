@@ -46,7 +46,7 @@ A node that falls short is drained with REASON_PREFIX and its figures (scontrol(
 "Identify the reason the node is in a DOWN, DRAINED, DRAINING, FAILING or FAIL state", SchedMD,
 https://slurm.schedmd.com/scontrol.html#OPT_Reason); the prefix is not the health check's (plans/slurm.DRAIN_PREFIX),
 so a node that passes its health check does not return itself to service: only a replacement instance does
-(plans/slurm.rejoin_commands). When every node falls short the fault is not any one node's (the fabric, the
+(plans/slurm_rejoin.rejoin_commands). When every node falls short the fault is not any one node's (the fabric, the
 expectation): nothing is drained and the job goes on, saying so.
 """
 
