@@ -397,11 +397,12 @@ def clock_offsets(boottime_s: float, monotonic_s: float) -> tuple[int, int]:
     """The node's time namespace offsets (time_namespaces(7): /proc/PID/timens_offsets, `unshare --boottime
     --monotonic`) for this machine's CLOCK_BOOTTIME and CLOCK_MONOTONIC now: both clocks start about a second into
     the node's boot, as on an instance that has just booted, never below zero (the kernel refuses a negative clock).
-    A node's uptime is then its own: slurmd reports it (sysinfo(2)) as the node's boot time, and slurmctld takes a
-    batch job its batch node no longer reports, booted since, for lost and requeues it (_purge_missing_jobs, "missing
-    from batch node ... not found BatchStartTime after startup"), as for a replacement instance on EC2. With this
-    machine's uptime a replacement under the same name looked like the old node still up, and the job stayed
-    "running" on a node that was gone (CI and a fresh clone, 2026-11-28: test_a_run_outlives_its_launcher...)."""
+    A node's uptime is then its own: slurmd reports it (sysinfo(2)) and Slurm records the node's BootTime from it,
+    and a replacement's first boot tells its own boot from its predecessor's by it (/proc/uptime,
+    plans/slurm_rejoin.lost_batch_requeue). With this machine's uptime every node had booted hours before it did.
+    (Slurm 22.05's _purge_missing_jobs, which requeues a batch job its batch node no longer has, reads the job's start
+    and last activity, not the node's boot: that a replacement under its predecessor's name left such a job
+    "running" was the registration's timing, which lost_batch_requeue addresses.)"""
     return -max(0, int(boottime_s) - 1), -max(0, int(monotonic_s) - 1)
 
 
