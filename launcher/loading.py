@@ -20,12 +20,18 @@ import threading
 from collections.abc import Iterator
 
 
+def _pythons_own(handler) -> bool:
+    """Whether SIGINT's handler is Python's own, on the main thread (the one signals reach): only then is it ours
+    to change for a while."""
+    return handler is _signal.default_int_handler and threading.current_thread() is threading.main_thread()
+
+
 @contextlib.contextmanager
 def held_back() -> Iterator[None]:
     """Ctrl-C recorded, not raised, while the block runs; raised as KeyboardInterrupt once it has run."""
     came: list[int] = []
     previous = _signal.getsignal(_signal.SIGINT)
-    ours = previous is _signal.default_int_handler and threading.current_thread() is threading.main_thread()
+    ours = _pythons_own(previous)
     if ours:
         _signal.signal(_signal.SIGINT, lambda signum, frame: came.append(signum))
     try:
@@ -53,7 +59,7 @@ def noting_interrupts() -> Iterator[None]:
     Ctrl-C test, 2026-11-28), and the command must still end as interrupted (:func:`interrupts`). Only where Python's
     own handler is in place, on the main thread; the caller's handler is back after the block."""
     previous = _signal.getsignal(_signal.SIGINT)
-    ours = previous is _signal.default_int_handler and threading.current_thread() is threading.main_thread()
+    ours = _pythons_own(previous)
     if ours:
         _signal.signal(_signal.SIGINT, _noting)
     try:
