@@ -9,9 +9,17 @@ controller process only. The session fails, naming each thing, when the run
   own clusters (by the tag of their state directory), as other runs on this machine make theirs meanwhile;
 - left a mount (the host's /proc/self/mountinfo) under its own temporary directories or the watched system
   directories (not under the rehearsal root's cache, where another run building the root mounts /proc and more);
-- left a process of its own running: one whose parent chain leads to the pytest process, one of pytest's session
-  started after the run began, or one whose command line names the run's temporary directories (or, started after
-  the run began, the rehearsal root's cache).
+- left a process of its own running: one whose parent chain leads to the pytest process, one that carries the run's
+  own mark in its environment (RUN_MARK, set in the controller before any test or xdist worker starts and inherited
+  by everything they start, a daemon that left pytest's session or lost its parent among them), or one whose command
+  line names the run's temporary directories (or, started after the run began, the rehearsal root's cache).
+
+  Only what the run made counts, never what the rest of the machine does meanwhile: a developer's shell loop in the
+  same terminal session (its `sleep 1`, started after the run began, in pytest's session, but neither pytest's
+  descendant nor carrying its mark) is not the run's (issue 45: a passing module ended "process left: 18510 sleep 1").
+  A process of the run that both clears its environment and leaves the run's parent chain and names none of its
+  directories is not seen; none of the suite's does (a rehearsal node's init is started with the cluster's
+  directory, under the run's, on its command line).
 
 A concurrent run of the suite, or a rehearsal cluster brought up by someone else meanwhile, can add a namespace or an
 interface too: the failure lists exactly what it found, for a person to judge.
@@ -35,6 +43,7 @@ from pathlib import Path
 import pytest
 
 WATCH_ENV = "SCALETRAIN_MACHINE_WATCH"
+RUN_MARK = "SCALETRAIN_TEST_RUN"    # environ(7) variable that marks every process this run starts
 FILES_WATCHED = ("/etc", "/opt")     # every file: mtime and size
 DIRS_WATCHED = ("/usr",)             # directories only: an added or removed file changes its directory's mtime
 EXIT_GRACE_S = 3.0                   # how long a process of the run may take to finish exiting after it
@@ -171,14 +180,22 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def own_processes(before: Snapshot, me: int, run_dirs: list[str]) -> list[Proc]:
+def marked(pid: int, mark: str) -> bool:
+    """Whether process ``pid`` was started with ``RUN_MARK=mark`` in its environment (proc(5), /proc/PID/environ:
+    the environment it was started with)."""
+    try:
+        return f"{RUN_MARK}={mark}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def own_processes(before: Snapshot, me: int, run_dirs: list[str], mark: str | None = None) -> list[Proc]:
     """The processes of this run still running: see the module's notes."""
     procs = processes()
     ancestors, p = set(), me
     while p in procs and p not in ancestors:
         ancestors.add(p)
         p = procs[p].ppid
-    sid = procs[me].sid if me in procs else None
     cache = str(rehearsal_cache())
     found = []
     for proc in procs.values():
@@ -192,7 +209,7 @@ def own_processes(before: Snapshot, me: int, run_dirs: list[str]) -> list[Proc]:
             seen.add(p)
             p = procs[p].ppid
         late = proc.start > before.started
-        if (chain or (late and proc.sid == sid) or any(d in proc.cmdline for d in run_dirs)
+        if (chain or (mark is not None and marked(proc.pid, mark)) or any(d in proc.cmdline for d in run_dirs)
                 or (late and cache in proc.cmdline)):
             found.append(proc)
     return found
@@ -261,6 +278,8 @@ def _run_dirs(config: pytest.Config) -> list[str]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if _controller(session.config):
         session.config.stash[_KEY] = snapshot()
+        # Before pytest-xdist starts its workers (its sessionstart is trylast), so they and all they start inherit it.
+        os.environ[RUN_MARK] = f"{os.getpid()}-{time.time_ns()}"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -273,7 +292,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
         return result
     run_dirs = _run_dirs(config)
     deadline = time.monotonic() + EXIT_GRACE_S
-    while (leftover := own_processes(before, os.getpid(), run_dirs)) and time.monotonic() < deadline:
+    mark = os.environ.get(RUN_MARK)
+    while (leftover := own_processes(before, os.getpid(), run_dirs, mark)) and time.monotonic() < deadline:
         time.sleep(0.2)
     changes = differences(before, snapshot(), leftover, run_dirs)
     if changes:

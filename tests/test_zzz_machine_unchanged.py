@@ -40,6 +40,12 @@ def test_leaves_things_behind(tmp_path):
             break
         __import__("time").sleep(0.05)
     Path(os.environ["PIDS"], "daemon").write_text((tmp_path / "daemon.pid").read_text())
+    # A daemon that names nothing of the run: out of pytest's session and parent chain, only its environment says so.
+    subprocess.run(["setsid", "-f", "sh", "-c", 'echo $$ > "$PIDS/anonymous"; exec sleep 601'], check=True)
+    for _ in range(100):
+        if Path(os.environ["PIDS"], "anonymous").exists() and Path(os.environ["PIDS"], "anonymous").read_text():
+            break
+        __import__("time").sleep(0.05)
 '''
 
 LEAVES_A_FILE = '''
@@ -78,7 +84,9 @@ def namespace() -> list[str]:
     return argv
 
 
-def run_pytest(tmp_path: Path, source: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+def run_pytest(tmp_path: Path, source: str, *extra: str, beside: str = "") -> tuple[subprocess.CompletedProcess, Path]:
+    """The tiny test file run by pytest of its own with the machine check; ``beside``: a shell loop run meanwhile by
+    the shell that starts pytest (the same session, not pytest's descendant), as a developer's terminal would."""
     run = tmp_path / "run"
     for d in ("watched", "pids", "tests"):
         (run / d).mkdir(parents=True, exist_ok=True)
@@ -87,7 +95,13 @@ def run_pytest(tmp_path: Path, source: str, *extra: str) -> tuple[subprocess.Com
     (run / "tests" / "pytest.ini").write_text("[pytest]\n")
     env = {**os.environ, "PYTHONPATH": str(TESTS), "SCALETRAIN_MACHINE_WATCH": str(run / "watched"),
            "PIDS": str(run / "pids")}
-    done = subprocess.run([*namespace(), sys.executable, "-m", "pytest", "-p", "machine_check", "-p",
+    shell = []
+    if beside:
+        # The loop a bash of its own, whose command line (unlike a subshell's, a copy of this one's) names no path
+        shell = ["bash", "-c", 'bash -c "$BESIDE" & loop=$!; "$@"; rc=$?; touch "$PIDS/stop"; wait $loop; exit $rc',
+                 "shell"]
+        env["BESIDE"] = beside
+    done = subprocess.run([*namespace(), *shell, sys.executable, "-m", "pytest", "-p", "machine_check", "-p",
                            "no:cacheprovider", "-q", "-c", str(run / "tests" / "pytest.ini"), "--rootdir",
                            str(run / "tests"), "--basetemp", str(run / "basetemp"), *extra,
                            str(run / "tests" / "test_tiny.py")], env=env, capture_output=True, text=True, timeout=300,
@@ -112,13 +126,14 @@ def test_a_session_that_leaves_things_behind_fails_naming_each(tmp_path) -> None
         out = done.stdout
         assert done.returncode == 1, out + done.stderr
         assert "1 passed" in out
-        assert "error: the test session changed this machine or left things behind (6):" in out
+        assert "error: the test session changed this machine or left things behind (7):" in out
         assert f"  added {run / 'watched' / 'left-behind.conf'}" in out
         assert "  network namespace left: leftover-ns" in out
         assert "  network interface left: leftoverbr" in out
         assert "  mount left: " in out and "/m (tmpfs from leftover-tmpfs)" in out
         assert f"  process left: {pids['child']} sleep 600" in out
         assert f"  process left: {pids['daemon']} {sys.executable} -c" in out
+        assert f"  process left: {pids['anonymous']} sleep 601" in out
         assert "existing.conf" not in out
     finally:
         end_left_processes(run)
@@ -130,6 +145,17 @@ def test_a_session_that_leaves_nothing_passes(tmp_path, workers) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
     assert "changed this machine" not in done.stdout + done.stderr
+
+
+def test_what_the_rest_of_the_machine_does_meanwhile_is_not_the_runs(tmp_path) -> None:
+    """A developer's shell loop beside the suite, in the terminal's session, starts a `sleep` every moment: each
+    started after the run began, in pytest's session, and none of them the run's (issue 45: a passing module
+    ended "process left: 18510 sleep 1" when the check took the whole session as the run's)."""
+    done, run = run_pytest(tmp_path, LEAVES_NOTHING, beside='while [ ! -e "$PIDS/stop" ]; do sleep 0.2; done')
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+    assert "changed this machine" not in done.stdout + done.stderr
+    assert (run / "pids" / "stop").exists()   # the loop ran beside pytest until it ended
 
 
 def test_under_xdist_the_controller_checks_once(tmp_path) -> None:
