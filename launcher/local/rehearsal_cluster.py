@@ -245,8 +245,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
     nodes_.check_inotify(len(roles) + (1 if with_slurm else 0))
     layers = rh.ensure_root()
     d = cluster_dir(name)
-    netw = plan.network(str(d.resolve()), [n for n, _ in roles] + ([HEAD] if with_slurm else []),
-                        subnet or plan.free_subnet(nodes_.host_routes()))
+    key = str(d.resolve())
     d.mkdir(parents=True, mode=0o700)
     try:
         user = getpass.getuser()
@@ -259,7 +258,7 @@ def up(nodes: int, reducers: int, name: str, subnet: str | None = None, *, with_
         shared.mkdir(mode=0o755)
         (shared / "scaletrain").mkdir()
         (shared / "scaletrain").chmod(0o1777)  # mkdir's mode is masked by the umask: every user of the nodes writes
-        nodes_.make_network(netw)
+        netw = nodes_.claim_network(key, [n for n, _ in roles] + ([HEAD] if with_slurm else []), subnet)
         _record(d, bridge=netw.bridge)
         assert netw.services is not None and netw.storage is not None
         def record(what: str, value: object) -> None:

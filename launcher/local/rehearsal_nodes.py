@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,30 @@ def make_network(netw: plan.Network) -> None:
                           f"choose a free private subnet with --subnet")
     for cmd in plan.network_commands(netw):
         run_tool(cmd, f"making bridge {netw.bridge}")
+
+
+# One lock for the machine between choosing a cluster's subnet and its bridge holding it (the bridge's address is the
+# route the next cluster's free_subnet sees): two `launch local up`s at once, by one user or two (each its own HOME),
+# otherwise both take the first free subnet and the second fails with the overlap line, naming a --subnet it was
+# never given. /run/lock is the machine's lock directory (FHS 3.0, 5.9; a tmpfs, gone at reboot as the bridges are).
+NETWORK_LOCK = "scaletrain-rehearsal-network.lock"
+
+
+def network_lock_path() -> Path:
+    d = Path("/run/lock")
+    return (d if d.is_dir() else Path(tempfile.gettempdir())) / NETWORK_LOCK
+
+
+def claim_network(key: str, names: list[str], subnet: str | None) -> plan.Network:
+    """The cluster's network made: ``subnet``, or the first one no route of this machine overlaps, chosen and its
+    bridge made under the machine's lock (NETWORK_LOCK)."""
+    import fcntl
+
+    with open(network_lock_path(), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        netw = plan.network(key, names, subnet or plan.free_subnet(host_routes()))
+        make_network(netw)
+        return netw
 
 
 def remove_network(bridge: str) -> None:
