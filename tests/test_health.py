@@ -227,3 +227,55 @@ def test_a_probe_starved_of_cpu_is_unchecked_and_a_hung_one_fails(monkeypatch) -
     # An idle node's probe that runs out of time is not starved, whatever it was doing.
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert health.run_probes({"mpirun": "while :; do :; done"}, {"mpirun": 0.3})["mpirun"].rc == health.TIMED_OUT
+
+
+# --- A reducer (c5n): the check its instance type calls for, not a GPU type's (issue 46's fourth review) -------------
+NO_DRIVER = """
+    #!/bin/sh
+    echo "nvidia-smi $*" >> "$COUNTER"
+    echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    exit 9
+    """
+
+
+def _as_type(node: dict, instance_type: str) -> list[str]:
+    args = _args(node, "aws")
+    args[args.index("--instance-type") + 1] = instance_type
+    return args
+
+
+def test_a_reducers_check_on_a_c5n_passes_and_asks_no_gpu(node) -> None:
+    """The image's nvidia-smi on a c5n, which has no GPU, answers as it does with no driver loaded (exit 9). The
+    reducer's health is its EFA devices, MPI and the storage: it does not drain itself, and nothing asks a GPU or
+    imports torch (before: 'gpus: nvidia-smi failed', drained at its first interval, two minutes after boot)."""
+    _script(node["bin"] / "nvidia-smi", NO_DRIVER)
+    done = _health(node, *_as_type(node, "c5n.18xlarge"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not [r for r in node["counter"].read_text().splitlines() if "DRAIN" in r], node["counter"].read_text()
+    assert "nvidia-smi" not in _runs(node) and "torch" not in _runs(node)
+
+
+def test_a_gpu_node_whose_driver_does_not_answer_still_drains(node) -> None:
+    """The other side: the same nvidia-smi on a p4d drains the node, naming its GPUs."""
+    _script(node["bin"] / "nvidia-smi", NO_DRIVER)
+    done = _health(node, *_as_type(node, "p4d.24xlarge"))
+    assert done.returncode == 1
+    drains = [r for r in node["counter"].read_text().splitlines() if "State=DRAIN" in r]
+    assert len(drains) == 1 and "gpus: nvidia-smi failed" in drains[0], drains
+
+
+def test_a_reducer_with_efa_is_checked_for_its_efa_device() -> None:
+    """What a c5n's check still reads: its EFA device (the group's one) and libfabric's efa provider; one missing
+    fails as on a GPU node."""
+    from infra import catalog
+
+    c5n = catalog.get("c5n.18xlarge")
+    probes = {"infiniband": checks.Probe("rdmap0s6\n", 0), "fi_version": checks.Probe("fi_info: 1.22.0amzn1.0\n", 0),
+              "fi_info": checks.Probe("provider: efa\n    fabric: efa\n    domain: rdmap0s6-rdm\n", 0),
+              "mpirun": checks.Probe("mpirun (Open MPI) 4.1.7\n", 0)}
+    found = {c.name: c for c in checks.evaluate_aws(probes, c5n, storage="none", efa_devices=1)}
+    assert [n for n, c in found.items() if c.failed] == []
+    skipped = {n for n, c in found.items() if c.status == "skip"}
+    assert skipped == {"gpus", "driver/cuda", "nccl", "horovod", "shared storage"}
+    gone = checks.evaluate_aws({**probes, "infiniband": checks.Probe("", 0)}, c5n, storage="none", efa_devices=1)
+    assert [c.name for c in gone if c.failed] == ["efa devices"]

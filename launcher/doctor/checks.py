@@ -408,6 +408,16 @@ def evaluate_aws(probes: dict[str, Probe], instance: InstanceType, *, storage: s
     """``efa_devices``: the EFA devices the stack gave this node's group (0: on TCP); default: one per EFA card.
     ``horovod_tool``: what printed the horovod-build probe (the health check: HOROVOD_BUILD_TOOL)."""
     p = lambda key: probes.get(key, _MISSING)  # noqa: E731
+    if instance.gpus == 0:
+        # A reducer (c5n): it sums gradients on its CPUs over torch's gloo (training/reducer.py), so no GPU, driver,
+        # NCCL or Horovod of its own is its health; its EFA devices, MPI and the storage are. Checked as a GPU type,
+        # every reducer drained itself at its first interval (issue 46's fourth review).
+        why = f"{instance.name} has no GPUs: a reducer sums on its CPUs (training/reducer.py)"
+        return [skip("gpus", why), skip("driver/cuda", why),
+                check_efa_devices(p("infiniband"), instance, efa_devices),
+                check_libfabric(p("fi_info"), p("fi_version"), instance, efa_devices),
+                skip("nccl", why), skip("horovod", why), check_mpirun(p("mpirun")),
+                check_storage(p("storage"), p("storage-write"), storage)]
     checks = [check_gpus(p("nvidia-smi"), instance),
               check_driver(p("nvidia-smi"), p("nvidia-smi-header"), p("nvcc"), p("kernel"), p("image")),
               check_efa_devices(p("infiniband"), instance, efa_devices),

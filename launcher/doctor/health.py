@@ -94,7 +94,23 @@ def health_probes(a: argparse.Namespace) -> dict[str, str]:
                                                                  if (a.storage or "none") == "none" else ()):
             del probes[unread]
         probes["horovod-build"] = checks.horovod_build_command(a.python)
+        if not gpu_type(a.instance_type):  # a reducer: what its checks skip is not probed (checks.evaluate_aws)
+            for unread in GPU_ONLY:
+                probes.pop(unread, None)
     return probes
+
+
+# The probes only a GPU type's checks read: the driver's, the toolkit's, NCCL's and Horovod's build.
+GPU_ONLY = ("nvidia-smi", "nvcc", "kernel", "ldconfig", "ofi-nccl", "horovod-build", "image")
+
+
+def gpu_type(instance_type: str | None) -> bool:
+    """Whether the catalog's entry for this node's instance type has GPUs (no type given: a GPU node, as before)."""
+    if not instance_type:
+        return True
+    from infra import catalog
+
+    return catalog.get(instance_type).gpus > 0
 
 
 def probe_limits(probes: dict[str, str], deadline: float) -> dict[str, float]:
@@ -301,7 +317,7 @@ def main(args: list[str] | None = None) -> int:
     found = {**kept, **run_probes(to_run, probe_limits(to_run, a.deadline), prefix=prefix)}
     if not kept:
         keep_imports(a.state_dir, probes, found)
-    if a.backend == "aws":
+    if a.backend == "aws" and gpu_type(a.instance_type):
         found["nvidia-smi-header"] = cuda_driver_version()
     failed, unchecked = failures(evaluate(a, found), found)
     node = socket.gethostname().split(".")[0]
