@@ -18,11 +18,23 @@ SSM_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
 SECRETS_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
     "SecretsManager": ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER,
 }
+# A node that scaletrain drained (a straggler under --on-straggler drain, a link short of the node check) marks its
+# own instance Unhealthy (`aws autoscaling set-instance-health`, launcher/doctor/health.mark_unhealthy) and its group
+# replaces it. From the isolated subnet only an interface endpoint reaches the Auto Scaling API ("Amazon EC2 Auto
+# Scaling and interface VPC endpoints": com.amazonaws.REGION.autoscaling,
+# https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-vpc-endpoints.html); without it the call
+# found no route and hung until its deadline, and the drained node was never replaced (issue 46's fourth review).
+AUTOSCALING_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
+    "AutoScaling": ec2.InterfaceVpcEndpointAwsService.AUTOSCALING,
+}
+# Every interface endpoint the stack makes, by its construct id (launcher/plans/preflight_limits.ENDPOINT_INTERFACES
+# counts their network interfaces; a test holds the two equal).
+INTERFACE_ENDPOINT_SERVICES = {**SSM_ENDPOINT_SERVICES, **SECRETS_ENDPOINT_SERVICES, **AUTOSCALING_ENDPOINT_SERVICES}
 
 
 class Network(Construct):
-    """VPC, private isolated node subnet, S3 gateway endpoint, SSM and Secrets Manager interface endpoints and flow
-    logs.
+    """VPC, private isolated node subnet, S3 gateway endpoint, SSM, Secrets Manager and Auto Scaling interface
+    endpoints and flow logs.
 
     No NAT gateway and no internet gateway: the image (the project's own, built by ami/, or ``ami``) carries the
     whole software stack, operators reach nodes through SSM Session Manager over the interface endpoints,
@@ -65,6 +77,6 @@ class Network(Construct):
         # open=False: the security construct admits HTTPS from the node group only.
         self.interface_endpoints: list[ec2.InterfaceVpcEndpoint] = [
             self.vpc.add_interface_endpoint(name, service=service, private_dns_enabled=True, open=False)
-            for name, service in {**SSM_ENDPOINT_SERVICES, **SECRETS_ENDPOINT_SERVICES}.items()
+            for name, service in INTERFACE_ENDPOINT_SERVICES.items()
         ]
-        self.secrets_endpoint = self.interface_endpoints[-1]
+        self.secrets_endpoint = self.interface_endpoints[list(INTERFACE_ENDPOINT_SERVICES).index("SecretsManager")]

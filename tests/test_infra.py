@@ -296,7 +296,7 @@ def test_no_ssh_from_outside_the_vpc_ssm_is_the_way_in(name: str, request: pytes
             # Only the group's own traffic (EFA, MPI, SSH between nodes) and Lustre callbacks from FSx come in.
             assert rule.get("SourceSecurityGroupId") in (nodes, {"Fn::GetAtt": [synth.storage_group(), "GroupId"]})
     synth.template.resource_count_is("AWS::EC2::InternetGateway", 0)
-    assert {"ssmmessages", "ec2messages", "ssm"} <= {
+    assert {"ssmmessages", "ec2messages", "ssm", "autoscaling"} <= {
         render(e["Properties"]["ServiceName"]).rsplit(".", 1)[-1]
         for e in synth.resources("AWS::EC2::VPCEndpoint").values()
     }
@@ -332,13 +332,14 @@ def test_no_fsx_group_without_fsx(p3_beegfs: Synth, p5_spot: Synth) -> None:
 
 
 def test_endpoints_accept_https_from_the_nodes_only(p4d_fsx: Synth) -> None:
-    # S3 gateway + ssm, ssmmessages, ec2messages, and secretsmanager for the munge key (infra/head.py)
-    assert len(p4d_fsx.resources("AWS::EC2::VPCEndpoint")) == 5
+    # S3 gateway + ssm, ssmmessages, ec2messages, secretsmanager for the munge key (infra/head.py), and autoscaling
+    # for a drained node's SetInstanceHealth (launcher/doctor/health.mark_unhealthy)
+    assert len(p4d_fsx.resources("AWS::EC2::VPCEndpoint")) == 6
     endpoint_groups = p4d_fsx.resources("AWS::EC2::SecurityGroup").keys() - {
         p4d_fsx.node_group(),
         p4d_fsx.storage_group(),
     }
-    assert len(endpoint_groups) == 4
+    assert len(endpoint_groups) == 5
     nodes = {"Fn::GetAtt": [p4d_fsx.node_group(), "GroupId"]}
     for group in endpoint_groups:
         rules = [r for r in p4d_fsx.rules("AWS::EC2::SecurityGroupIngress") if r["GroupId"]["Fn::GetAtt"][0] == group]
@@ -1108,3 +1109,43 @@ def test_cdk_cli_bad_context_is_one_error_line_and_no_traceback(tmp_path: Path) 
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: nodes='0': allowed: 1 to 4096 worker nodes"]
     assert "Traceback" not in result.stderr + result.stdout
+
+
+# Services an instance calls whose requests go to another service and not to its own endpoint: none of the stack's
+# calls today but KMS, which S3 calls for an SSE-KMS object (the statement's kms:ViaService says so).
+def _via_another_service(statement: dict[str, Any]) -> bool:
+    return any("kms:ViaService" in cond for cond in statement.get("Condition", {}).values())
+
+
+@pytest.mark.parametrize("name", [*SHAPES, "p4d_checkpoints"])
+def test_every_service_an_instance_may_call_has_an_endpoint_in_its_subnet(name: str,
+                                                                           request: pytest.FixtureRequest) -> None:
+    """The node subnet has no route out (no internet or NAT gateway): an instance reaches an AWS service only through
+    a VPC endpoint for it, and a call to any other finds no route and hangs until its timeout. So every service an
+    instance role's policies allow an action of has an endpoint: a permission without a route is a call that cannot
+    be made (a drained node's autoscaling:SetInstanceHealth had none, and the node was never replaced: issue 46's
+    fourth review). "To use AWS PrivateLink, create a VPC endpoint ... for each service"
+    (https://docs.aws.amazon.com/vpc/latest/privatelink/privatelink-access-aws-services.html)."""
+    synth = shape(request, name)
+    resources = synth.template.to_json()["Resources"]
+    instance_roles = {k for k, v in resources.items() if v["Type"] == "AWS::IAM::Role"
+                      and v["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]
+                      == {"Service": "ec2.amazonaws.com"}}
+    assert len(instance_roles) == 2   # the nodes' and the head node's
+    called: dict[str, str] = {}
+    for policy in (v for v in resources.values() if v["Type"] == "AWS::IAM::Policy"):
+        if not {r["Ref"] for r in policy["Properties"]["Roles"]} & instance_roles:
+            continue
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if _via_another_service(statement):
+                continue
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            called |= {a.split(":")[0]: a for a in actions}
+    # AmazonSSMManagedInstanceCore: the SSM agent's own calls (https://docs.aws.amazon.com/systems-manager/latest/userguide/setup-create-vpc.html)
+    called |= {"ssm": "ssm:UpdateInstanceInformation", "ssmmessages": "ssmmessages:CreateControlChannel",
+               "ec2messages": "ec2messages:GetMessages"}
+    reached = {render(e["Properties"]["ServiceName"]).rsplit(".", 1)[-1]
+               for e in synth.resources("AWS::EC2::VPCEndpoint").values()}
+    assert {"autoscaling", "secretsmanager"} <= set(called)
+    unreachable = {service: action for service, action in called.items() if service not in reached}
+    assert not unreachable, f"no VPC endpoint for {unreachable}"

@@ -31,20 +31,20 @@ def test_a_p5_node_takes_one_interface_per_network_card_as_the_catalog_says():
     s = spec(instance_type="p5.48xlarge", nodes=150, az="us-east-1a")
     want, how = limits.interfaces_needed(s)
     assert catalog.get("p5.48xlarge").efa_cards == 32
-    assert want == 150 * 32 + 1 + 4 and how.startswith("workers: 150 x 32 + head node 1 + VPC endpoints 4")
-    assert limits.interfaces_needed(spec(instance_type="p4d.24xlarge", nodes=2))[0] == 2 * 4 + 5
+    assert want == 150 * 32 + 1 + 5 and how.startswith("workers: 150 x 32 + head node 1 + VPC endpoints 5")
+    assert limits.interfaces_needed(spec(instance_type="p4d.24xlarge", nodes=2))[0] == 2 * 4 + 6
     r = spec(instance_type="p4d.24xlarge", nodes=2, reducers=2)  # c5n reducers beside P4d: TCP, one interface
-    assert limits.interfaces_needed(r)[0] == 2 * 4 + 2 * 1 + 5
+    assert limits.interfaces_needed(r)[0] == 2 * 4 + 2 * 1 + 6
 
 
-@pytest.mark.parametrize(("in_use", "status"), [(195, "ok"), (196, "FAIL")])
+@pytest.mark.parametrize(("in_use", "status"), [(194, "ok"), (195, "FAIL")])
 def test_interfaces_fail_when_the_stack_would_pass_the_regional_quota_by_one(in_use, status):
-    s = spec(instance_type="p5.48xlarge", nodes=150, az="us-east-1a")  # 4,805 interfaces
+    s = spec(instance_type="p5.48xlarge", nodes=150, az="us-east-1a")  # 4,806 interfaces
     [v] = limits.check_interfaces(s, InterfaceFacts(Quota(ENI, "Network interfaces per Region", 5000, in_use)))
     assert v.status == status, v
     if status == "FAIL":
-        assert v.line.startswith(f"Network interfaces per Region ({ENI}) is 5000 in us-east-1 (196 in use); the "
-                                 f"stack makes 4805")
+        assert v.line.startswith(f"Network interfaces per Region ({ENI}) is 5000 in us-east-1 (195 in use); the "
+                                 f"stack makes 4806")
         assert v.line.endswith(f"--service-code vpc --quota-code {ENI} --desired-value 5001`")
 
 
@@ -143,16 +143,16 @@ def test_the_shell_counts_the_interfaces_that_exist_against_the_vpc_quota(sess, 
     publish_image(sess)
     ec2 = sess.client("ec2")
     subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
-    quotas(sess, {"L-417A185B": 1536, "L-1216C47A": 1000, ENI: 40})  # one p5 node: 32 + head 1 + endpoints 4 = 37
-    for _ in range(3):
+    quotas(sess, {"L-417A185B": 1536, "L-1216C47A": 1000, ENI: 40})  # one p5 node: 32 + head 1 + endpoints 5 = 38
+    for _ in range(2):
         ec2.create_network_interface(SubnetId=subnet)
     args = ["-c", "instance_type=p5.48xlarge", "-c", "nodes=1", "-c", "az=us-east-1a"]
     assert cli.main(["preflight", *args]) == 0, capsys.readouterr().out
-    assert f"ok    interfaces      Network interfaces per Region ({ENI}): 37 needed" in capsys.readouterr().out
+    assert f"ok    interfaces      Network interfaces per Region ({ENI}): 38 needed" in capsys.readouterr().out
     ec2.create_network_interface(SubnetId=subnet)
     assert cli.main(["preflight", *args]) == 1
     out = capsys.readouterr().out
-    assert f"FAIL  interfaces      Network interfaces per Region ({ENI}) is 40 in us-east-1 (4 in use)" in out
+    assert f"FAIL  interfaces      Network interfaces per Region ({ENI}) is 40 in us-east-1 (3 in use)" in out
 
 
 def test_with_no_image_the_shell_reads_the_build_quota_and_the_default_vpcs_route_out(sess):  # noqa: F811
@@ -172,3 +172,9 @@ def test_with_no_image_the_shell_reads_the_build_quota_and_the_default_vpcs_rout
     # An image published: nothing to build, nothing read for it.
     publish_image(sess)
     assert preflight_shell.gather(sess, spec(az="us-east-1a")).build is None
+
+
+def test_the_endpoints_counted_are_the_endpoints_the_stack_makes():
+    from infra import network
+
+    assert len(network.INTERFACE_ENDPOINT_SERVICES) == limits.ENDPOINT_INTERFACES

@@ -33,11 +33,12 @@ __all__ = ["ENDPOINT_INTERFACES", "IMAGE_BUILD_TYPES", "INTERFACE_QUOTA", "Build
            "build_quota_class", "check_image_build", "check_interfaces", "interfaces_needed", "routes_out"]
 
 INTERFACE_QUOTA = ("L-DF5E4CA3", "Network interfaces per Region")   # service code vpc
-# The stack's interface VPC endpoints (infra/network.py: ssm, ssmmessages, ec2messages, secretsmanager), one
-# interface each in the one subnet ("Each interface endpoint is represented by one or more elastic network interfaces
-# in your subnets", https://docs.aws.amazon.com/vpc/latest/privatelink/create-interface-endpoint.html); the head node's
-# one interface; FSx for Lustre's file servers add their own, not counted here.
-ENDPOINT_INTERFACES = 4
+# The stack's interface VPC endpoints (infra/network.INTERFACE_ENDPOINT_SERVICES: ssm, ssmmessages, ec2messages,
+# secretsmanager, autoscaling), one interface each in the one subnet ("Each interface endpoint is represented by one
+# or more elastic network interfaces in your subnets",
+# https://docs.aws.amazon.com/vpc/latest/privatelink/create-interface-endpoint.html); the head node's one interface;
+# FSx for Lustre's file servers add their own, not counted here.
+ENDPOINT_INTERFACES = 5
 HEAD_INTERFACES = 1
 # ami/stack.py's ImageSpec.build_instance_types default (a test holds the two equal): Image Builder runs the build and
 # then the test instance, each of one of these types, whichever has capacity; one quota class for all.
