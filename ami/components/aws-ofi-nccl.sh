@@ -96,8 +96,8 @@ install_() {
     # need to have Libfabric and HWLOC installed prior to build" (aws-ofi-nccl README.md, "Basic Requirements",
     # https://github.com/aws/aws-ofi-nccl#basic-requirements); configure stops without hwloc.h and libhwloc
     # (m4/check_pkg_hwloc.m4). Ubuntu ships both in libhwloc-dev.
-    apt-get update -qq
-    apt-get install -y -qq libhwloc-dev >/dev/null
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq libhwloc-dev >/dev/null
     work=$(mktemp -d)
     curl -fsSL "https://github.com/aws/aws-ofi-nccl/releases/download/v${v}/aws-ofi-nccl-${v}.tar.gz" \
         | tar -xz -C "$work"

@@ -11,6 +11,9 @@ set -euo pipefail
 : "${SCALETRAIN_KERNEL_CC_FILE:?set by the Image Builder component from ami/paths.py}"
 export DEBIAN_FRONTEND=noninteractive
 RECORD=$SCALETRAIN_IMAGE_ENV_FILE
+# sd_booted(3): this exists exactly when systemd runs this system, never in the rehearsal root's chroot (the tests
+# point it elsewhere).
+SYSTEMD_RUNS=${SCALETRAIN_SD_BOOTED_DIR:-/run/systemd/system}
 # The running kernel's version banner names the compiler that built it (proc(5), /proc/version). The tests point this
 # at recorded banners.
 KERNEL_BANNER=${SCALETRAIN_KERNEL_VERSION_FILE:-/proc/version}
@@ -48,6 +51,40 @@ if [ "${SCALETRAIN_REHEARSAL:-0}" != 1 ] && [ "${1:-build}" != kernel-cc ]; then
     KERNEL_PACKAGES=(dkms "linux-headers-$(uname -r)" "$KERNEL_CC")
 fi
 
+# quiet_apt: before base.sh's first apt-get, the stock AMI's own apt work is over and cannot start again. At first boot
+# cloud-init may run apt (package_update, user data), and apt-daily.timer and apt-daily-upgrade.timer start
+# `apt-get update` and unattended-upgrades, which installs security updates, a newer linux-aws kernel among them
+# (Ubuntu Server docs, "Automatic updates": installed and enabled by default), while the build takes the dpkg lock
+# ("Could not get lock /var/lib/dpkg/lock-frontend") or builds modules for the kernel it replaces.
+# `cloud-init status --wait` blocks until cloud-init is done. Exit 2 is "done, with recoverable errors" (cloud-init
+# 23.4 on: docs "Failure states" and "Why did cloud-init status start returning exit code 2?"): its apt work is over,
+# all that matters here. 1 is a critical failure ("something is likely seriously wrong with the system"): no image.
+# Stopping a timer does not stop the run it started, so the services stop too, and all are masked: nothing starts
+# them again, on the image's nodes either (the image is rebuilt for updates; its kernel is held). `mask` works
+# offline, in the rehearsal root's chroot too, and on units a system lacks; `stop` only where systemd runs. A run
+# that outlives its stop (apt-daily-upgrade.service is KillMode=process: unattended-upgrades finishes its package)
+# holds the dpkg lock a while: every apt-get of the recipe waits up to 10 minutes for it, -o DPkg::Lock::Timeout=600
+# (apt >= 1.9.11, apt-pkg/deb/debsystem.cc; apt-get waits for none by default). `apt-get update` takes only the lists
+# lock, for which apt waits for nothing (apt-pkg/acquire.cc): apt-daily.service, which holds it, is stopped first.
+quiet_apt() {
+    local rc=0 unit
+    local units=(apt-daily.timer apt-daily-upgrade.timer apt-daily.service apt-daily-upgrade.service
+                 unattended-upgrades.service)
+    if command -v cloud-init >/dev/null && [ -d "$SYSTEMD_RUNS" ]; then
+        timeout 1800 cloud-init status --wait >/dev/null || rc=$?
+        if [ "$rc" != 0 ] && [ "$rc" != 2 ]; then
+            echo "error: cloud-init status --wait exited $rc (124: still running after 30 minutes):" >&2
+            cloud-init status --long >&2 || true
+            return 1
+        fi
+    fi
+    command -v systemctl >/dev/null || return 0
+    if [ -d "$SYSTEMD_RUNS" ]; then
+        for unit in "${units[@]}"; do systemctl stop "$unit" 2>/dev/null || true; done
+    fi
+    systemctl mask "${units[@]}" >/dev/null
+}
+
 verify() {
     test -s "$RECORD" || { echo "error: $RECORD is missing" >&2; return 1; }
     diff <(printf '%s\n' "$SCALETRAIN_IMAGE_ENV") "$RECORD" >/dev/null \
@@ -61,10 +98,11 @@ verify() {
 }
 
 install_() {
-    apt-get update -qq
-    apt-get install -y -qq build-essential "${KERNEL_PACKAGES[@]}" curl ca-certificates gnupg unzip \
-        python3-venv python3-dev git chrony jq pciutils >/dev/null
-    # The kernel modules built below match this kernel only: hold it so an upgrade cannot strand them.
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq build-essential "${KERNEL_PACKAGES[@]}" curl \
+        ca-certificates gnupg unzip bzip2 python3-venv python3-dev git chrony jq pciutils >/dev/null
+    # The kernel modules built below match this kernel only: hold it so an upgrade cannot strand them. Nothing else
+    # installs packages before this (quiet_apt), and the install above names this kernel's own headers only.
     if [ "${#KERNEL_PACKAGES[@]}" -gt 0 ]; then
         apt-mark hold "linux-image-$(uname -r)" "linux-headers-$(uname -r)" >/dev/null
         for meta in linux-aws linux-image-aws linux-headers-aws; do
@@ -78,7 +116,7 @@ install_() {
 }
 
 case "${1:-build}" in
-    build) verify 2>/dev/null || install_; verify ;;
+    build) quiet_apt; verify 2>/dev/null || install_; verify ;;
     validate) verify ;;
     kernel-cc) kernel_cc <"$KERNEL_BANNER" ;;
     *) echo "usage: $0 [build|validate|kernel-cc]" >&2; exit 2 ;;

@@ -40,8 +40,8 @@ install_() {
     require_kernel_cc  # before the repository and packages go in: a build that cannot finish changes nothing
     curl -fsSL "$REPO/gpg/GPG-KEY-beegfs" | gpg --dearmor --yes -o /usr/share/keyrings/beegfs.gpg
     echo "deb [signed-by=/usr/share/keyrings/beegfs.gpg] $REPO jammy non-free" >/etc/apt/sources.list.d/beegfs.list
-    apt-get update -qq
-    apt-get install -y -qq "${SERVICES[@]}" beegfs-utils >/dev/null
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq "${SERVICES[@]}" beegfs-utils >/dev/null
     systemctl disable --now "${SERVICES[@]}" >/dev/null 2>&1 || true
     /etc/init.d/beegfs-client rebuild
 }

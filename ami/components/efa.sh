@@ -43,7 +43,10 @@ install_() {
     work=$(mktemp -d)
     curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
         | tar -xz -C "$work"
-    (cd "$work/aws-efa-installer" && ./efa_installer.sh -y)
+    # The installer runs apt-get itself: it waits for the dpkg locks as every apt-get of the recipe does (base.sh,
+    # quiet_apt), told so in a file apt reads before its own configuration (apt.conf(5), APT_CONFIG).
+    echo 'DPkg::Lock::Timeout "600";' >"$work/apt-wait.conf"
+    (cd "$work/aws-efa-installer" && APT_CONFIG="$work/apt-wait.conf" ./efa_installer.sh -y)
     printf '%s\n' "$SCALETRAIN_EFA_PREFIX/lib" "$SCALETRAIN_MPI_PREFIX/lib" >/etc/ld.so.conf.d/100-efa.conf
     ldconfig
     rm -rf "$work"

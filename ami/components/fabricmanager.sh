@@ -74,10 +74,10 @@ install_() {
         dpkg -i "$work/cuda-keyring.deb" >/dev/null
         rm -rf "$work"
     fi
-    apt-get update -qq
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
     echo "Fabric Manager $pkg=$pkg_version for driver $driver"
-    apt-get install -y -qq --no-install-recommends --allow-change-held-packages --allow-downgrades \
-        "$pkg=$pkg_version" >/dev/null
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends --allow-change-held-packages \
+        --allow-downgrades "$pkg=$pkg_version" >/dev/null
     apt-mark hold "$pkg" >/dev/null
     systemctl enable "$SERVICE"
 }

@@ -19,7 +19,16 @@ export LD_LIBRARY_PATH="$SCALETRAIN_LIB_PATH"
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 [ "$gpus" -ge 1 ] || { echo "error: nvidia-smi lists no GPU" >&2; exit 1; }
 driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | awk 'NR == 1')
-echo "GPUs: $gpus, driver $driver"
+# Persistence mode on every GPU: nvidia.sh enables the persistence daemon, which keeps the GPUs initialised between
+# processes (NVIDIA, "Driver Persistence"); without it every CUDA process and every nvidia-smi of the health checks
+# initialises all of them again. `nvidia-smi -q` reports it for each GPU ("Persistence Mode : Enabled").
+persistence=$(nvidia-smi -q | awk -F: '/^[[:space:]]*Persistence Mode[[:space:]]*:/ {
+                                           gsub(/^[[:space:]]+|[[:space:]]+$/, "", $2); print $2}')
+persistent=$(grep -cx Enabled <<<"$persistence" || true)
+[ "$persistent" -eq "$gpus" ] \
+    || { echo "error: persistence mode is on for $persistent of $gpus GPUs (nvidia-smi -q): nvidia-persistenced is" \
+              "not running (systemctl status nvidia-persistenced)" >&2; exit 1; }
+echo "GPUs: $gpus, driver $driver, persistence mode on"
 
 # NVSwitches: the PCI ids AWS ParallelCluster counts to decide a host needs Fabric Manager, 10de:1af1 on P4d/P4de
 # (A100) and 10de:22a3 on P5/P5e/P5en (H100/H200) (aws/aws-parallelcluster-cookbook,

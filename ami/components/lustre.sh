@@ -28,8 +28,8 @@ install_() {
         | gpg --dearmor --yes -o /usr/share/keyrings/fsx-ubuntu-public-key.gpg
     echo "deb [signed-by=/usr/share/keyrings/fsx-ubuntu-public-key.gpg] $REPO jammy main" \
         >/etc/apt/sources.list.d/fsxlustreclientrepo.list
-    apt-get update -qq
-    apt-get install -y -qq "lustre-client-modules-$(uname -r)" lustre-client-utils >/dev/null
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq "lustre-client-modules-$(uname -r)" lustre-client-utils >/dev/null
 }
 
 case "${1:-build}" in

@@ -25,8 +25,9 @@ verify() {
 }
 
 install_() {
-    apt-get update -qq
-    apt-get install -y -qq --allow-change-held-packages "libnccl2=$PKG_VERSION" "libnccl-dev=$PKG_VERSION" >/dev/null
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq --allow-change-held-packages "libnccl2=$PKG_VERSION" \
+        "libnccl-dev=$PKG_VERSION" >/dev/null
     apt-mark hold libnccl2 libnccl-dev >/dev/null
     rm -rf "$TESTS"
     git clone --quiet --depth 1 --branch "v${NCCL_TESTS_VERSION}" https://github.com/NVIDIA/nccl-tests.git "$TESTS"

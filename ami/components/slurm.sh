@@ -66,18 +66,19 @@ no_boot_daemons() {
 }
 
 install_rehearsal() {
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client >/dev/null
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends munge slurmctld slurmd slurm-client \
+        >/dev/null
 }
 
 install_source() {
     local work
-    apt-get update -qq
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
     # cgroup/v2 is built only where configure finds dbus-1 through pkg-config and linux/bpf.h (auxdir/x_ac_cgroup.m4:
     # PKG_CHECK_MODULES([dbus], [dbus-1]) and X_AC_BPF; src/plugins/cgroup/Makefile.am: "if WITH_BPF / if WITH_DBUS /
     # SUBDIRS += v2"): libdbus-1-dev, pkg-config and linux-libc-dev (bpf.h; build-essential brings it too).
-    apt-get install -y -qq --no-install-recommends munge libmunge-dev build-essential python3 libjson-c-dev \
-        libhttp-parser-dev libyaml-dev libdbus-1-dev pkg-config linux-libc-dev >/dev/null
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends munge libmunge-dev build-essential \
+        python3 libjson-c-dev libhttp-parser-dev libyaml-dev libdbus-1-dev pkg-config linux-libc-dev >/dev/null
     id slurm >/dev/null 2>&1 || useradd --system --home-dir /var/lib/slurm --shell /usr/sbin/nologin slurm
     work=$(mktemp -d)
     curl -fsSL -o "$work/slurm.tar.gz" "$SOURCE"

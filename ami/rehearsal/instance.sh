@@ -23,9 +23,9 @@ verify() {
 }
 
 install_() {
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends systemd systemd-sysv dbus cloud-init sshfs fuse3 locales \
-        >/dev/null
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends systemd systemd-sysv dbus cloud-init \
+        sshfs fuse3 locales >/dev/null
     sed -i 's/^# *en_US.UTF-8 UTF-8/en_US.UTF-8 UTF-8/' /etc/locale.gen
     locale-gen >/dev/null
     # The system's default locale, set as an Ubuntu AMI ships it (/etc/default/locale names one): with none set,

@@ -24,8 +24,8 @@ verify() {
 }
 
 install_() {
-    apt-get update -qq
-    apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+    apt-get update -o DPkg::Lock::Timeout=600 -qq
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq openmpi-bin libopenmpi-dev >/dev/null
     install -d -m 0755 "$PREFIX/bin"
     # Every program of the package, as a file (Debian's mpirun is a chain of alternatives links to orterun).
     for f in $(dpkg -L openmpi-bin libopenmpi-dev | grep -E '^/usr/bin/[^/]+$'); do
