@@ -3,6 +3,8 @@ boundary on both sides; what a node of each kind is expected to reach; the node'
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from launcher.doctor.checks import BUSBW_FLOOR_FRACTION
@@ -202,3 +204,58 @@ def test_the_jobs_step_drains_a_short_gpu_node_once_even_when_the_ring_names_it_
     assert [s.node for s in short] == ["b"] and isinstance(short[0], nodecheck.GpuShort)
     assert len(drained) == 1 and drained[0][:3] == ["scontrol", "update", "NodeName=b"]
     assert any(ln.startswith("node check: b: all_reduce_perf across its 8 GPUs 12.0 GB/s") for ln in said)
+
+
+MPI_STAND_IN = r'''
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+/* all_reduce_perf as nccl-tests builds it with MPI=1: MPI_Init first, then its table (from $TABLE). */
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    FILE *f = fopen(getenv("TABLE"), "r");
+    int c;
+    while (f && (c = fgetc(f)) != EOF) putchar(c);
+    MPI_Finalize();
+    return 0;
+}
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_gpu_nodes_mpi_built_test_initialises_inside_an_srun_task(tmp_path, monkeypatch, capsys):
+    """The task srun starts on a node runs all_reduce_perf as its child, with the step's SLURM_ variables, and this
+    machine's real Open MPI takes such a process for one srun launched directly and fails MPI_Init without PMI
+    (issue 47 item 4: the check measured nothing on any node). An MPI program standing in for all_reduce_perf,
+    built with this machine's mpicc, must initialise and print its table."""
+    import json
+    import shutil
+
+    from ami import paths
+    from launcher.execute import nodecheck as run
+
+    if shutil.which("mpicc") is None:
+        pytest.skip("no mpicc (Debian's libopenmpi-dev)")
+    (tmp_path / "stand_in.c").write_text(MPI_STAND_IN)
+    subprocess.run(["mpicc", str(tmp_path / "stand_in.c"), "-o", str(tmp_path / "all_reduce_perf")], check=True,
+                   capture_output=True)
+    (tmp_path / "table").write_text(one_node_output(140.25))
+    monkeypatch.setattr(paths, "NCCL_TESTS", str(tmp_path))
+    # What srun gives each task of `srun --overlap --jobid=J -N2 -n2` (srun(1), OUTPUT ENVIRONMENT VARIABLES).
+    for name, value in {"SLURM_JOB_ID": "7", "SLURM_JOBID": "7", "SLURM_STEP_ID": "3", "SLURM_STEPID": "3",
+                        "SLURM_NODELIST": "node[0-1]", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+                        "SLURMD_NODENAME": "node0", "TABLE": str(tmp_path / "table")}.items():
+        monkeypatch.setenv(name, value)
+    assert run.measure_gpus(8) == 0
+    assert json.loads(capsys.readouterr().out) == {"node": "node0", "busbw": 140.25, "why": ""}
+
+
+def test_a_gpu_check_that_measured_no_node_says_so_and_drains_none():
+    v = nodecheck.decide_gpus(["a", "b"], {"a": (None, "all_reduce_perf exit 1: MPI_Init"),
+                                           "b": (None, "all_reduce_perf exit 1: MPI_Init")}, P4D)
+    assert v.short == []
+    assert v.lines[-1] == ("node check: the GPU check could not measure on any node (all_reduce_perf exit 1: "
+                           "MPI_Init): nothing measured, none is drained")
+    # The other side: one node measured, the one that did not is refused as before.
+    v = nodecheck.decide_gpus(["a", "b"], {"a": (None, "exit 1"), "b": (231.0, "")}, P4D)
+    assert [s.node for s in v.short] == ["a"]

@@ -108,6 +108,18 @@ def measure(argv: list[str] | None = None) -> int:
     return 0
 
 
+def singleton_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment in which an MPI program started as a plain child of an srun task initialises as a singleton.
+    all_reduce_perf is built with MPI=1 (ami/components/nccl.sh, for the doctor's mpirun across nodes), and Open MPI
+    4.1 takes a process that sees SLURM_NODELIST and SLURM_STEP_ID for one srun launched directly (ess pmi:
+    orte/mca/schizo/slurm/schizo_slurm.c, check_launch_environment), which needs Slurm's PMI or PMIx; the cluster has
+    neither (MpiDefault=none, Slurm without PMIx), so MPI_Init failed on every node and the check measured nothing.
+    A build without Slurm support refuses SLURM_NODELIST alone ("direct launched using srun, but OMPI was not built
+    with SLURM support"; Debian's 4.1.4, measured here). With no SLURM_, PMI_ or PMIX_ variable it is a singleton:
+    one process, its own runtime, all the node's GPUs in it (-g)."""
+    return {k: v for k, v in env.items() if not k.startswith(("SLURM_", "PMI_", "PMIX_"))}
+
+
 def measure_gpus(gpus: int) -> int:
     """One GPU node's part (run by srun, one task per node): all_reduce_perf across its own GPUs, one JSON line."""
     from ami import paths
@@ -115,7 +127,8 @@ def measure_gpus(gpus: int) -> int:
     me = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     argv = nodecheck.gpu_command(f"{paths.NCCL_TESTS}/all_reduce_perf", gpus)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=GPU_TIMEOUT_S)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=GPU_TIMEOUT_S,
+                              env=singleton_env(dict(os.environ)))
         busbw, why = nodecheck.gpu_figure(proc.returncode, proc.stdout + proc.stderr)
     except (OSError, subprocess.TimeoutExpired) as e:
         busbw, why = None, f"{argv[0]}: {type(e).__name__}"

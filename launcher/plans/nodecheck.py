@@ -256,7 +256,13 @@ def decide_gpus(hosts: list[str], figures: dict[str, tuple[float | None, str]], 
                      + (f"{gbs:.1f} GB/s" if gbs is not None else f"failed: {why}"))
         if gbs is None or gbs < expected.floor_gbs:
             short.append(GpuShort(h, gbs, expected, why))
-    if short and len(short) == len([h for h in hosts if h in figures]):
+    answered = [h for h in hosts if h in figures]
+    if answered and all(figures[h][0] is None for h in answered):
+        # Not a measurement: the test ran nowhere (the image's build, its launch), which no node's GPUs say.
+        lines.append(f"node check: the GPU check could not measure on any node ({figures[answered[0]][1]}): "
+                     "nothing measured, none is drained")
+        return Verdict([], lines)
+    if short and len(short) == len(answered):
         lines.append(f"node check: every node's GPUs are below {expected.floor_gbs:.0f} GB/s: not one node's "
                      "fault; none is drained")
         return Verdict([], lines)
