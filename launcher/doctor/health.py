@@ -68,6 +68,7 @@ PROBE_S = {"nvidia-smi": 30.0}   # without persistence mode, 1-3 s per GPU to in
 IMPORTS = ("horovod-python", "horovod-build")
 STATE_DIR = "/run/scaletrain"   # tmpfs: what is kept here lasts one boot
 IMPORTS_KEPT = "health-imports.json"
+FAILS_KEPT = "health-fails.json"   # this boot's failed checks in a row (plans/draining.health_replacement)
 TIMED_OUT = 124        # coreutils timeout(1)'s status, for a probe this check killed
 STARVED = 125          # ... for one it killed that was waiting for a CPU on an overloaded node (starved)
 # What a probe runs, where its name does not say, for "X did not answer in N s".
@@ -140,6 +141,30 @@ def kept_imports(state_dir: str, probes: dict[str, str]) -> dict[str, checks.Pro
                 if name in probes and kept["probes"].get(name, {}).get("command") == probes[name]}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
+
+
+def fails_in_a_row(state_dir: str) -> int:
+    """This boot's health checks failed in a row before this one (none kept: none; another boot's: none)."""
+    try:
+        with open(os.path.join(state_dir, FAILS_KEPT)) as f:
+            kept = json.load(f)
+        return int(kept["fails"]) if kept["boot"] == boot_id() else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def keep_fails(state_dir: str, fails: int) -> None:
+    with contextlib.suppress(OSError):
+        os.makedirs(state_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=state_dir, delete=False, suffix=".tmp") as f:
+            json.dump({"boot": boot_id(), "fails": fails}, f)
+        os.replace(f.name, os.path.join(state_dir, FAILS_KEPT))
+
+
+def drained_for_health(shown: str) -> tuple[int, int]:
+    """(nodes drained by the health check, nodes) in `scontrol --oneliner show nodes`."""
+    records = [slurm.fields(line.strip()) for line in shown.splitlines() if line.strip().startswith("NodeName=")]
+    return sum(1 for r in records if slurm.health_restored(r)), len(records)
 
 
 def keep_imports(state_dir: str, probes: dict[str, str], found: dict[str, checks.Probe]) -> None:
@@ -261,7 +286,7 @@ def scontrol(args: list[str], until: float) -> str:
 IMDS = "http://169.254.169.254/latest"
 
 
-def mark_unhealthy(node: str, until: float) -> None:
+def mark_unhealthy(node: str, until: float, why: str = "is drained for replacement") -> None:
     """This node is drained with one of scaletrain's reasons and no job is left on it (launcher/plans/draining.py):
     its instance is marked Unhealthy, and its Auto Scaling group terminates and replaces it, as the local keeper
     replaces a rehearsal node. Its id and region come from IMDSv2 (a session token first: "PUT
@@ -282,7 +307,7 @@ def mark_unhealthy(node: str, until: float) -> None:
             token = r.read().decode().strip()
         instance_id, region = ask("instance-id", token), ask("placement/region", token)
     except OSError as e:
-        print(f"scaletrain health: {node} is drained for replacement, but IMDS did not answer: {e}", flush=True)
+        print(f"scaletrain health: {node} {why}, but IMDS did not answer: {e}", flush=True)
         return
     try:
         done = subprocess.run(draining.unhealthy_argv(paths.AWS_CLI, instance_id, region), capture_output=True,
@@ -290,7 +315,7 @@ def mark_unhealthy(node: str, until: float) -> None:
     except (OSError, subprocess.TimeoutExpired) as e:
         print(f"scaletrain health: could not mark {instance_id} Unhealthy: {e}", flush=True)
         return
-    print(f"scaletrain health: {node} ({instance_id}) is drained for replacement; "
+    print(f"scaletrain health: {node} ({instance_id}) {why}; "
           + ("marked Unhealthy for its Auto Scaling group" if done.returncode == 0
              else f"marking it Unhealthy failed: {(done.stderr or done.stdout).strip()[-300:]}"), flush=True)
 
@@ -326,7 +351,8 @@ def main(args: list[str] | None = None) -> int:
         print("scaletrain health: not checked this round: "
               + "; ".join(f"{names}: {why}" for names, why in unchecked), flush=True)
     if not failed and unchecked:
-        return 0  # neither drained nor resumed for what it could not check
+        return 0  # neither drained nor resumed for what it could not check, nor counted
+    keep_fails(a.state_dir, fails := draining.health_fails(fails_in_a_row(a.state_dir), bool(failed)))
     if not failed:
         shown = scontrol(["--oneliner", "show", "node", node], min(time.monotonic() + scontrol_s,
                                                                   started + a.deadline))
@@ -339,6 +365,13 @@ def main(args: list[str] | None = None) -> int:
     reason = slurm.drain_reason(failed)
     print(reason, flush=True)
     scontrol(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], started + a.deadline)
+    if a.backend == "aws" and fails >= draining.HEALTH_FAILS_TO_REPLACE:
+        shown = scontrol(["--oneliner", "show", "nodes"], min(time.monotonic() + scontrol_s, started + a.deadline))
+        replace, line = draining.health_replacement(fails, *drained_for_health(shown))
+        if replace:
+            mark_unhealthy(node, started + a.deadline, why=line or "")
+        elif line:
+            print(f"scaletrain health: {node} {line}", flush=True)
     return 1
 
 

@@ -27,7 +27,8 @@ Replacement. A node drained with one of REPLACED's reasons (this one, or the nod
 out of service until another instance stands in for it: on AWS its own health check marks its instance Unhealthy for
 its Auto Scaling group (launcher/doctor/health.py), on the local cluster the keeper replaces it
 (launcher/local/keeper.py). A node the health check drained (plans/slurm.DRAIN_PREFIX) returns to service by itself
-once it passes again, and one an administrator drained stays as it is: neither is replaced.
+once it passes again, and one an administrator drained stays as it is: neither is replaced, until the health
+check has failed HEALTH_FAILS_TO_REPLACE times in a row (health_replacement below).
 """
 
 from __future__ import annotations
@@ -139,3 +140,43 @@ def to_replace(records: Mapping[str, Mapping[str, str]], replaced: Mapping[str, 
     return sorted(name for name, f in records.items()
                   if idle_drained(f.get("State", "")) and f.get("Reason", "").startswith(REPLACED)
                   and (name not in done or done[name] != f.get("SlurmdStartTime", "")))
+
+
+# --- a node whose health check keeps failing: replaced, not left drained ----------------------------------------------
+# EC2's status checks do not see a GPU fallen off the bus or an EFA device gone (they check the instance's
+# reachability and the host: "Status checks for your instances", EC2 User Guide,
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-system-instance-status-check.html), so a node the
+# health check drains for one would stay drained, billed and idle, until the stack's TTL. After three failed checks in
+# a row it marks its own instance Unhealthy and its group replaces it. Three: at slurm.conf's HealthCheckInterval of
+# 120 s that is a fault still there after four minutes and more, which outlasts what passes by itself (a driver
+# initialising its GPUs, 1-3 s each; Lustre's client recovering after a server failover, within its recovery window
+# of minutes at most; a check whose probe was starved of CPU counts as unchecked, not failed, and breaks no run) and is
+# a small part of what a node left drained costs: billed, idle, until the stack's TTL (24 hours by default).
+HEALTH_FAILS_TO_REPLACE = 3
+# What stops a flapping check, or one fault every node shares, from replacing the whole group:
+# - a pass resets the count: a check that fails and passes by turns never reaches three in a row;
+# - no node marks itself while more than HEALTH_SHARED_FRACTION of the cluster's nodes are drained by the health
+#   check at once: that is the image's, the storage's or the fabric's fault, not one instance's, and a replacement
+#   from the same image drains in its turn, around the whole group (as plans/nodecheck.py drains nothing when every
+#   node falls short). At least one node may always be replaced (one of a 2-node cluster).
+HEALTH_SHARED_FRACTION = 0.25
+
+
+def health_fails(previous: int, failed: bool) -> int:
+    """The health check's failures in a row after this one (a pass resets them)."""
+    return previous + 1 if failed else 0
+
+
+def health_replacement(fails_in_a_row: int, drained_for_health: int, nodes: int) -> tuple[bool, str | None]:
+    """Whether this node marks its own instance Unhealthy now, and the line it says: why it is replaced, or why a node
+    that failed often enough is not (a shared fault); no line below HEALTH_FAILS_TO_REPLACE. ``drained_for_health``:
+    the cluster's nodes the health check has drained now (this one among them); ``nodes``: all of its nodes."""
+    if fails_in_a_row < HEALTH_FAILS_TO_REPLACE:
+        return False, None
+    allowed = max(1, int(nodes * HEALTH_SHARED_FRACTION))
+    counts = f"{drained_for_health} of {nodes} nodes drained by the health check"
+    if drained_for_health > allowed:
+        return False, (f"failed {fails_in_a_row} health checks in a row, but {counts} (more than "
+                       f"{HEALTH_SHARED_FRACTION:.0%}): a fault they share, which a replacement would not fix; "
+                       "not replaced")
+    return True, f"failed {fails_in_a_row} health checks in a row ({counts}): replaced"
