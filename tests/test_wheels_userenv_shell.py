@@ -93,8 +93,9 @@ def stored(shared: Path, ws: list[reqs.Wheel]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def test_a_wheel_already_on_the_shared_storage_is_not_sent_again(tmp_path, wheelhouse, here):
-    shared = tmp_path / "fsx"
+@pytest.mark.parametrize("root", ["fsx", "my fsx"])   # a space in the shared root: still one path a line
+def test_a_wheel_already_on_the_shared_storage_is_not_sent_again(tmp_path, wheelhouse, here, root):
+    shared = tmp_path / root
     shared.mkdir()
     one = chosen(wheelhouse, "tinypure")
     first = wheels.push(CLUSTER, NODE, str(shared), one, wheelhouse, NODE_PY)

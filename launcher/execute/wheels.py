@@ -66,7 +66,7 @@ def push(c: Cluster, node: Node, shared_root: str, wheels: list[reqs.Wheel], fol
     code, out = remote.check(c, node, probe)
     if code != 0:
         raise LaunchError(f"cannot reach {store} on {node.name} (exit {code})")
-    have = set(out.split())
+    have = set(out.splitlines())   # one path a line: a shared root may hold a space ("my fsx")
     missing = [w for w in wheels if w.path(shared_root) not in have]
     if missing:
         buf = io.BytesIO()
