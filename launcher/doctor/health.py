@@ -95,7 +95,8 @@ def health_probes(a: argparse.Namespace) -> dict[str, str]:
                                                                  if (a.storage or "none") == "none" else ()):
             del probes[unread]
         probes["horovod-build"] = checks.horovod_build_command(a.python)
-        if not gpu_type(getattr(a, "instance_type", None)):  # a reducer: what its checks skip is not probed (checks.evaluate_aws)
+        # A reducer: what its checks skip is not probed (checks.evaluate_aws).
+        if not gpu_type(getattr(a, "instance_type", None)):
             for unread in GPU_ONLY:
                 probes.pop(unread, None)
     return probes
