@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -29,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ami/ is a CDK app beside the package
     sys.path.insert(0, str(ROOT))
 
-from imagesandbox import sandbox  # noqa: E402
+from test_ami_scripts import Host as ScriptHost  # noqa: E402
+from test_ami_scripts import component_env  # noqa: E402
 
 from ami import render  # noqa: E402
 
@@ -44,40 +44,12 @@ TOOLS = ("bash", "sh", "env", "cat", "grep", "awk", "sed", "cut", "head", "tail"
          "gzip", "bzip2", "seq", "true", "false", "touch", "ls", "uname", "nproc", "cmp", "timeout")
 
 
-class Host:
-    """A PATH of plain tools and fakes that record their calls, a state directory, and the call log."""
+class Host(ScriptHost):
+    """tests/test_ami_scripts.py's host (fakes that record their calls, the sandbox), with this module's tools and
+    its copy of ami/."""
 
-    def __init__(self, tmp_path: Path, fakes: dict[str, str]) -> None:
-        self.root = tmp_path
-        self.bin = tmp_path / "bin"
-        self.state = tmp_path / "state"
-        self.calls = tmp_path / "calls.log"
-        self.bin.mkdir()
-        self.state.mkdir()
-        self.calls.touch()
-        for tool in TOOLS:
-            if real := shutil.which(tool):
-                (self.bin / tool).symlink_to(real)
-        for name, body in fakes.items():
-            path = self.bin / name
-            path.unlink(missing_ok=True)
-            path.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >>"$CALLS"\n{body}\n')
-            path.chmod(0o755)
-
-    def run(self, script: str, phase: str | None, env: dict[str, str], *,
-            scratch: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-        full = {"PATH": str(self.bin), "HOME": str(self.root), "CALLS": str(self.calls), "STATE": str(self.state),
-                "LC_ALL": "C", **env}
-        argv = [*sandbox(self.root, scratch), shutil.which("bash") or "/bin/bash", str(AMI / "components" / script),
-                *([phase] if phase else [])]
-        return subprocess.run(argv, env=full, capture_output=True, text=True, timeout=120)
-
-    def called(self) -> list[str]:
-        return self.calls.read_text().splitlines()
-
-
-def component_env(key: str, **kwargs) -> dict[str, str]:
-    return render.component_env(VERSIONS, next(c for c in render.COMPONENTS if c.key == key), **kwargs)
+    tools = TOOLS
+    components = AMI / "components"
 
 
 # --- Every apt-get of ami/ waits for the dpkg lock ------------------------------------------------------------------

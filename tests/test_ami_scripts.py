@@ -36,7 +36,12 @@ TOOLS = ("bash", "sh", "env", "cat", "grep", "awk", "sed", "cut", "head", "tail"
 
 
 class Host:
-    """A directory of fakes and tools that is a script's whole PATH, a state directory, and a log of calls."""
+    """A directory of fakes and tools that is a script's whole PATH, a state directory, and a log of calls. A test
+    module whose scripts need other plain tools, or that runs another copy of ami/, sets ``tools`` and
+    ``components`` in a subclass."""
+
+    tools: tuple[str, ...] = TOOLS
+    components: Path = COMPONENTS
 
     def __init__(self, tmp_path: Path, fakes: dict[str, str]) -> None:
         self.root = tmp_path
@@ -46,7 +51,7 @@ class Host:
         self.bin.mkdir()
         self.state.mkdir()
         self.calls.touch()
-        for tool in TOOLS:
+        for tool in self.tools:
             if real := shutil.which(tool):
                 (self.bin / tool).symlink_to(real)
         for name, body in fakes.items():
@@ -63,7 +68,7 @@ class Host:
         """Run ``script`` sandboxed; each of ``scratch`` (system directories) is self.root/<its name> there."""
         full_env = {"PATH": str(self.bin), "HOME": str(self.root), "CALLS": str(self.calls),
                     "STATE": str(self.state), "LC_ALL": "C", **env}
-        argv = [*sandbox(self.root, scratch), shutil.which("bash") or "/bin/bash", str(COMPONENTS / script),
+        argv = [*sandbox(self.root, scratch), shutil.which("bash") or "/bin/bash", str(self.components / script),
                 *([phase] if phase else [])]
         return subprocess.run(argv, env=full_env, capture_output=True, text=True, timeout=timeout)
 
